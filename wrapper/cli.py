@@ -1,0 +1,130 @@
+"""The ``jobwrap`` command: a thin click layer that calls one module per verb.
+
+Imports are deferred into each command so that the prolog, on the start path of
+every job, loads nothing it does not use. Errors become one-line messages and the
+documented exit codes here, in one place; ``-v`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from wrapper import __version__
+
+
+class _Group(click.Group):
+    """Maps errors to exit codes, and loads heavy verb groups only when they are called."""
+
+    lazy = {"sandbox": "wrapper.sandbox.cli:sandbox"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            import importlib
+
+            module, _, attr = self.lazy[name].partition(":")
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
+        return super().get_command(ctx, name)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from wrapper.errors import JobwrapError
+
+        try:
+            return super().invoke(ctx)
+        except JobwrapError as exc:
+            if ctx.params.get("verbose"):
+                raise
+            click.echo(f"jobwrap: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", envvar="JOBWRAP_CONFIG", metavar="PATH",
+              help="Config file [env: JOBWRAP_CONFIG; default: /etc/jobwrap/config.toml].")
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks of errors.")
+@click.version_option(__version__, prog_name="jobwrap")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
+    """jobwrap: GPU health, staging, supervision and self-healing restarts for Slurm jobs."""
+    ctx.obj = {"config_path": config_path, "verbose": verbose}
+
+
+def _config_path() -> str | None:
+    path: str | None = click.get_current_context().find_root().obj["config_path"]
+    return path
+
+
+def _hook(name: str) -> None:
+    from wrapper.hooks import run_hook
+
+    sys.exit(run_hook(name, config_path=_config_path()))
+
+
+@cli.command()
+def prolog() -> None:
+    """Slurm Prolog (root, each allocated node)."""
+    _hook("prolog")
+
+
+@cli.command()
+def epilog() -> None:
+    """Slurm Epilog (root, each allocated node)."""
+    _hook("epilog")
+
+
+@cli.command("task-prolog")
+def task_prolog() -> None:
+    """Slurm TaskProlog (job user): prints the JOBWRAP_* exports."""
+    _hook("task-prolog")
+
+
+@cli.group("config")
+def config_group() -> None:
+    """Show or check the configuration."""
+
+
+@config_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of TOML.")
+def config_show(as_json: bool) -> None:
+    """Print the effective configuration (defaults merged with the file)."""
+    import json
+
+    from wrapper import config
+
+    cfg = config.load(_config_path())
+    if as_json:
+        click.echo(json.dumps({"source": cfg.source, **cfg.as_dict()}, indent=2))
+    else:
+        click.echo(config.to_toml(cfg), nl=False)
+
+
+@config_group.command("validate")
+def config_validate() -> None:
+    """Check the configuration file; exit 2 with every problem listed if it is invalid."""
+    from wrapper import config
+
+    cfg = config.load(_config_path())
+    click.echo(f"ok: {cfg.source}")
+
+
+@config_group.command("defaults")
+def config_defaults() -> None:
+    """Print every key with its default and what it does."""
+    from wrapper import config
+
+    section = None
+    for sect, key, default, doc in config.documented_defaults():
+        if sect != section:
+            click.echo(f"\n[{sect}]")
+            section = sect
+        click.echo(f"# {doc}\n{key} = {config._toml_value(default)}")
+
+
+def main() -> None:
+    cli(prog_name="jobwrap")

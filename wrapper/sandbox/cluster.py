@@ -1,0 +1,496 @@
+"""A real Slurm cluster on one machine: slurmctld and two slurmd, each node with 4 fake GPUs.
+
+It backs the end-to-end tests and ``jobwrap sandbox``. As root on Debian it installs
+Slurm and munge from Debian's packages when they are missing, writes a whole cluster
+configuration into one folder (used through ``SLURM_CONF``), installs this checkout
+into a runtime folder the job user can read, points Slurm's hooks at it, starts munge
+(if no munged answers) and the daemons, and waits until the nodes are idle. It stops
+only the processes it started, by pid, checked against their start time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wrapper.errors import JobwrapError
+from wrapper.runner import Runner
+
+PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "python3-venv"]
+PROGRAMS = ["slurmctld", "slurmd", "sbatch", "scontrol", "munged"]
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                   "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+DEFAULT_BASE = Path("/tmp/jobwrap-sandbox")
+RECORD = "sandbox.json"
+
+
+class SandboxError(JobwrapError):
+    """The sandbox cluster could not be set up, started or used."""
+
+
+def source_root() -> Path:
+    """The checkout this package was loaded from (it holds pyproject.toml and the hooks)."""
+    here = Path(__file__).resolve().parents[2]
+    if not (here / "pyproject.toml").exists():
+        raise SandboxError(f"{here} is not a jobwrap checkout; the sandbox runs from one")
+    return here
+
+
+@dataclass
+class Spec:
+    """What the cluster looks like; written to the record so ``down`` can find it again."""
+
+    base: str = str(DEFAULT_BASE)
+    nodes: list[str] = field(default_factory=lambda: ["n1", "n2"])
+    gpus_per_node: int = 4
+    ctld_port: int = 16817
+    node_ports: list[int] = field(default_factory=lambda: [17001, 17002])
+    user: str = "jwtest"
+    cpus_per_node: int = 2
+
+
+@dataclass
+class Daemon:
+    name: str
+    pid: int
+    started: float  # psutil create_time, to never signal a reused pid
+
+
+class Cluster:
+    def __init__(self, spec: Spec, source: Path | None = None) -> None:
+        self.spec = spec
+        self.base = Path(spec.base)
+        self.source = source or source_root()
+        self.daemons: list[Daemon] = []
+        self.munge_started = False
+
+    # -- paths ---------------------------------------------------------------------------
+    @property
+    def conf(self) -> Path:
+        return self.base / "etc" / "slurm.conf"
+
+    @property
+    def jobwrap_config(self) -> Path:
+        return self.base / "etc" / "jobwrap.toml"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.base / "jobwrap" / "state"
+
+    @property
+    def scratch_root(self) -> Path:
+        return self.base / "jobwrap" / "scratch"
+
+    @property
+    def runtime(self) -> Path:
+        return self.base / "runtime"
+
+    @property
+    def work(self) -> Path:
+        """A folder owned by the test user, for job scripts and their output."""
+        return self.base / "work"
+
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm clients talking to this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def up(self, *, log: Any = print) -> None:
+        if os.geteuid() != 0:
+            raise SandboxError("the sandbox needs root (it installs packages, makes device "
+                               "nodes and runs slurmd); run it with sudo")
+        if self.running():
+            log(f"sandbox already running in {self.base}")
+            self.load()
+            return
+        ensure_packages(log)
+        ensure_user(self.spec.user)
+        self._layout()
+        log("installing this checkout into the sandbox runtime ...")
+        self._install_runtime()
+        self._write_configs()
+        self._start_munge()
+        try:
+            self._start_daemons()
+            self.wait_idle()
+        except BaseException:
+            self.down()
+            raise
+        log(f"sandbox up: {len(self.spec.nodes)} nodes idle; SLURM_CONF={self.conf}")
+
+    def down(self) -> list[str]:
+        """Stop what this sandbox started; returns the names of the processes stopped."""
+        if self.daemons:
+            self._cancel_jobs()
+        stopped = []
+        for daemon in reversed(self.daemons):
+            if _terminate(daemon):
+                stopped.append(daemon.name)
+        self.daemons = []
+        self._save()
+        return stopped
+
+    def running(self) -> bool:
+        record = self.base / RECORD
+        if not record.exists():
+            return False
+        self.load()
+        return any(_alive(d) for d in self.daemons if d.name != "munged")
+
+    def load(self) -> None:
+        data = json.loads((self.base / RECORD).read_text())
+        self.daemons = [Daemon(**d) for d in data.get("daemons", [])]
+        self.munge_started = bool(data.get("munge_started"))
+
+    def _save(self) -> None:
+        record = {"spec": asdict(self.spec), "daemons": [asdict(d) for d in self.daemons],
+                  "munge_started": self.munge_started}
+        tmp = self.base / (RECORD + ".tmp")
+        tmp.write_text(json.dumps(record, indent=2))
+        tmp.replace(self.base / RECORD)
+
+    # -- set-up --------------------------------------------------------------------------
+    def _layout(self) -> None:
+        user = pwd.getpwnam(self.spec.user)
+        slurm = pwd.getpwnam("slurm")
+        self.base.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.base, 0o755)  # the job user and SlurmUser must traverse it
+        for sub in ("etc", "log", "spool", "dev", "jobwrap", "jobwrap/log"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+            os.chmod(self.base / sub, 0o755)
+        for sub in ("ctld", "log"):
+            path = self.base / sub
+            path.mkdir(exist_ok=True)
+            os.chown(path, slurm.pw_uid, slurm.pw_gid)
+        self.work.mkdir(exist_ok=True)
+        os.chown(self.work, user.pw_uid, user.pw_gid)
+        os.chmod(self.work, 0o755)
+        self.scratch_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.scratch_root, 0o755)
+        for i in range(self.spec.gpus_per_node):
+            dev = self.base / "dev" / f"nvidia{i}"
+            if not dev.exists():
+                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(195, i))
+
+    def _install_runtime(self) -> None:
+        """Install the checkout as an admin would: a venv the job user can read and run."""
+        venv = self.runtime / "venv"
+        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+        runner = Runner()
+        fresh = not (venv / "bin" / "pip").exists()
+        if fresh:
+            runner.run([python, "-m", "venv", str(venv)], timeout=300)
+            runner.run([str(venv / "bin" / "pip"), "install", "--quiet", "wheel"], timeout=600)
+        stage = self.runtime / "src"
+        shutil.rmtree(stage, ignore_errors=True)
+        shutil.copytree(self.source, stage, ignore=shutil.ignore_patterns(
+            ".git", ".venv", "__pycache__", "*.egg-info", "build", ".*_cache", "tests"))
+        pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+               "--no-build-isolation"]
+        # Dependencies once; later ups reinstall only jobwrap itself, from this checkout.
+        extra = [] if fresh else ["--no-deps", "--force-reinstall"]
+        runner.run([*pip, *extra, str(stage)], timeout=600)
+        shutil.rmtree(stage, ignore_errors=True)
+        for hooks in ("prolog", "epilog"):
+            target = self.runtime / hooks
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(self.source / hooks, target)
+        (self.runtime / "jobwrap.env").write_text(
+            f"JOBWRAP_CONFIG={self.jobwrap_config}\n"
+            f"JOBWRAP_BIN={venv / 'bin' / 'jobwrap'}\n")
+        for path in [self.runtime, *self.runtime.rglob("*")]:
+            mode = path.lstat().st_mode
+            if not stat.S_ISLNK(mode):
+                os.chmod(path, (mode | 0o444 | (0o111 if mode & 0o111 else 0)) & ~0o022)
+
+    def _write_configs(self) -> None:
+        host = socket.gethostname().split(".")[0]
+        spec = self.spec
+        nodes = "\n".join(
+            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
+            f"CPUs={spec.cpus_per_node} RealMemory=2000 Gres=gpu:{spec.gpus_per_node} "
+            "State=UNKNOWN"
+            for name, port in zip(spec.nodes, spec.node_ports, strict=True))
+        rt = self.runtime
+        b = self.base
+        self.conf.write_text(f"""# written by jobwrap sandbox; a throwaway cluster on one host
+ClusterName=jobwrap-sandbox
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={spec.ctld_port}
+SlurmUser=slurm
+SlurmdUser=root
+AuthType=auth/munge
+CryptoType=crypto/munge
+StateSaveLocation={b}/ctld
+SlurmdSpoolDir={b}/spool/%n
+SlurmctldPidFile={b}/log/slurmctld.pid
+SlurmdPidFile={b}/spool/slurmd-%n.pid
+SlurmctldLogFile={b}/log/slurmctld.log
+SlurmdLogFile={b}/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=nohold_on_prolog_fail
+ReturnToService=2
+Prolog={rt}/prolog/prolog
+Epilog={rt}/epilog/epilog
+TaskProlog={rt}/prolog/task-prolog
+PrologFlags=Alloc
+PrologEpilogTimeout=120
+JobRequeue=1
+MinJobAge=3600
+KillWait=5
+InactiveLimit=0
+SlurmdTimeout=60
+MessageTimeout=10
+GresTypes=gpu
+MpiDefault=none
+MailProg=/bin/true
+{nodes}
+PartitionName=debug Nodes={','.join(spec.nodes)} Default=YES MaxTime=INFINITE State=UP
+""")
+        (b / "etc" / "gres.conf").write_text(
+            f"NodeName={','.join(spec.nodes)} Name=gpu "
+            f"File={b}/dev/nvidia[0-{spec.gpus_per_node - 1}]\n")
+        self.jobwrap_config.write_text(f"""# jobwrap configuration of the sandbox cluster
+[paths]
+state_dir = "{self.state_dir}"
+scratch_root = "{self.scratch_root}"
+cache_root = "{b}/jobwrap/cache"
+archive_root = "{b}/jobwrap/archive"
+
+[log]
+file = "{b}/jobwrap/log/jobwrap.log"
+level = "debug"
+
+[slurm]
+command_timeout = 20
+""")
+        for path in (self.conf, b / "etc" / "gres.conf", self.jobwrap_config):
+            os.chmod(path, 0o644)
+
+    def _start_munge(self) -> None:
+        if _munge_works():
+            return
+        munge = pwd.getpwnam("munge")
+        run_dir = Path("/run/munge")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        os.chown(run_dir, munge.pw_uid, munge.pw_gid)
+        os.chmod(run_dir, 0o755)
+        for sub in ("/var/lib/munge", "/var/log/munge"):
+            Path(sub).mkdir(parents=True, exist_ok=True)
+            os.chown(sub, munge.pw_uid, munge.pw_gid)
+        Runner().run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], timeout=30)
+        pid_file = run_dir / "munged.pid"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (pid_file.exists() and _munge_works()):
+            time.sleep(0.1)
+        if not _munge_works():
+            raise SandboxError("munged did not start (see /var/log/munge/munged.log)")
+        self.munge_started = True
+        self.daemons.append(_daemon("munged", int(pid_file.read_text().strip())))
+        self._save()
+
+    def _start_daemons(self) -> None:
+        env = self.env()
+        log_dir = self.base / "log"
+        specs = [("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])]
+        specs += [(f"slurmd-{n}", ["slurmd", "-D", "-N", n, "-f", str(self.conf)])
+                  for n in self.spec.nodes]
+        for name, argv in specs:
+            out = open(log_dir / f"{name}.stdout", "ab")  # noqa: SIM115 - handed to the daemon
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            out.close()
+            self.daemons.append(_daemon(name, proc.pid))
+            self._save()
+            if name == "slurmctld":
+                self._wait_ctld()
+
+    def _wait_ctld(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            res = Runner(self.env()).run(["scontrol", "ping"], timeout=10, check=False)
+            if "UP" in res.stdout:
+                return
+            time.sleep(0.3)
+        raise SandboxError(f"slurmctld did not answer within {timeout:g} s; "
+                           f"see {self.base}/log/slurmctld.log")
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = self.node_states()
+            if states and all(s.startswith("idle") for s in states.values()):
+                return
+            for daemon in self.daemons:
+                if not _alive(daemon):
+                    raise SandboxError(f"{daemon.name} exited; see {self.base}/log/")
+            time.sleep(0.5)
+        raise SandboxError(f"nodes not idle within {timeout:g} s: {states}; "
+                           f"see {self.base}/log/")
+
+    def node_states(self) -> dict[str, str]:
+        res = Runner(self.env()).run(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=10,
+                                     check=False)
+        return dict(line.split(None, 1) for line in res.stdout.splitlines() if " " in line)
+
+    def _cancel_jobs(self) -> None:
+        env = self.env()
+        runner = Runner(env)
+        runner.run(["scancel", "--partition=debug"], timeout=20, check=False)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            res = runner.run(["squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING"],
+                             timeout=10, check=False)
+            if res.returncode != 0 or not res.stdout.strip():
+                return
+            time.sleep(0.5)
+
+    # -- using it ------------------------------------------------------------------------
+    def as_user(self, argv: list[str], *, timeout: float = 30,
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a command as the test user, with this cluster's SLURM_CONF."""
+        cmd = ["runuser", "-u", self.spec.user, "--", "env", f"SLURM_CONF={self.conf}",
+               f"HOME={pwd.getpwnam(self.spec.user).pw_dir}", *argv]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                             cwd=self.work, check=False)
+        if check and res.returncode != 0:
+            raise SandboxError(f"{' '.join(argv)} as {self.spec.user} failed: "
+                               f"{res.stderr.strip() or res.stdout.strip()}")
+        return res
+
+    def write_user_file(self, name: str, text: str, mode: int = 0o644) -> Path:
+        user = pwd.getpwnam(self.spec.user)
+        path = self.work / name
+        path.write_text(text)
+        os.chown(path, user.pw_uid, user.pw_gid)
+        os.chmod(path, mode)
+        return path
+
+    def submit(self, script: str, *args: str, name: str = "job.sh") -> str:
+        """Submit a batch script as the test user; returns the job id."""
+        path = self.write_user_file(name, script, 0o755)
+        res = self.as_user(["sbatch", "--parsable", f"--chdir={self.work}", *args, str(path)])
+        return res.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        from wrapper.slurm.parse import parse_record
+
+        res = Runner(self.env()).run(["scontrol", "-o", "show", "job", job_id], timeout=10)
+        return parse_record(res.stdout.strip().splitlines()[0])
+
+    def wait_job(self, job_id: str, *, states: Iterable[str] = TERMINAL_STATES,
+                 timeout: float = 90) -> dict[str, str]:
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in wanted:
+                return info
+            time.sleep(0.3)
+        raise SandboxError(f"job {job_id} not in {sorted(wanted)} after {timeout:g} s: "
+                           f"{info.get('JobState')} {info.get('Reason')}")
+
+
+# -- host helpers ------------------------------------------------------------------------
+def ensure_packages(log: Any = print) -> None:
+    """Install Slurm and munge from Debian's packages when any of their programs is missing."""
+    missing = [p for p in PROGRAMS if not shutil.which(p, path=os.environ.get("PATH", "")
+                                                       + ":/usr/sbin:/sbin")]
+    if not missing and Path("/usr/bin/python3").exists() and _has_venv():
+        return
+    if not shutil.which("apt-get"):
+        raise SandboxError(f"{', '.join(missing)} missing and no apt-get here; install Slurm "
+                           "(slurmctld, slurmd, client) and munge by hand")
+    log(f"installing {' '.join(PACKAGES)} from Debian's packages ...")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    runner = Runner(env)
+    if runner.run(cmd, timeout=900, check=False).returncode != 0:
+        runner.run(["apt-get", "update", "-q"], timeout=900)
+        runner.run(cmd, timeout=900)
+
+
+def _has_venv() -> bool:
+    res = subprocess.run(["/usr/bin/python3", "-c", "import venv, ensurepip"],
+                         capture_output=True, check=False)
+    return res.returncode == 0
+
+
+def ensure_user(name: str) -> None:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        Runner().run(["useradd", "--create-home", "--shell", "/bin/bash", name], timeout=30)
+
+
+def _munge_works() -> bool:
+    if not shutil.which("munge"):
+        return False
+    try:
+        enc = subprocess.run(["munge", "-n"], capture_output=True, timeout=5, check=False)
+        if enc.returncode != 0:
+            return False
+        dec = subprocess.run(["unmunge"], input=enc.stdout, capture_output=True, timeout=5,
+                             check=False)
+    except subprocess.TimeoutExpired:
+        return False
+    return dec.returncode == 0
+
+
+def _daemon(name: str, pid: int) -> Daemon:
+    import psutil
+
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        started = 0.0
+    return Daemon(name, pid, started)
+
+
+def _alive(daemon: Daemon) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(daemon.pid)
+        return bool(proc.create_time() == daemon.started
+                    and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _terminate(daemon: Daemon, grace: float = 10) -> bool:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; only if the pid is still ours."""
+    import psutil
+
+    if not _alive(daemon):
+        return False
+    proc = psutil.Process(daemon.pid)
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except psutil.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    return True

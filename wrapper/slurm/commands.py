@@ -1,0 +1,99 @@
+"""The default Slurm backend: Slurm's own commands, through the runner, with timeouts."""
+
+from __future__ import annotations
+
+import re
+
+from wrapper.config import SlurmConfig
+from wrapper.errors import CommandError, SlurmError
+from wrapper.runner import Runner
+from wrapper.slurm.parse import expand_hostlist, parse_record
+
+DRAIN_PREFIX = "jobwrap:"
+_JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]+)?$")
+_NODE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def _job_id(job_id: str) -> str:
+    if not _JOB_ID.match(str(job_id)):
+        raise SlurmError(f"{job_id!r} is not a Slurm job id")
+    return str(job_id)
+
+
+def _node(node: str) -> str:
+    if not _NODE.match(node):
+        raise SlurmError(f"{node!r} is not a Slurm node name")
+    return node
+
+
+def drain_reason(reason: str) -> str:
+    """Slurm keeps one line of reason; ours always start with the jobwrap: prefix."""
+    text = " ".join(reason.split())
+    if not text.startswith(DRAIN_PREFIX):
+        text = f"{DRAIN_PREFIX} {text}"
+    return text
+
+
+class CliBackend:
+    """Speaks to Slurm through scontrol/sinfo/squeue. Every call has a timeout."""
+
+    name = "cli"
+
+    def __init__(self, config: SlurmConfig, runner: Runner | None = None) -> None:
+        self.config = config
+        self.runner = runner or Runner()
+
+    def _scontrol(self, *args: str, input: str | None = None) -> str:
+        argv = [self.config.scontrol_command, *args]
+        try:
+            return self.runner.run(argv, timeout=self.config.command_timeout, input=input).stdout
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+
+    def version(self) -> str:
+        """Slurm's version, e.g. ``22.05.8``."""
+        out = self._scontrol("--version").strip()
+        return out.split()[-1] if out else ""
+
+    def batch_script(self, job_id: str) -> str:
+        """The job's batch script (root or the job's owner only)."""
+        return self._scontrol("write", "batch_script", _job_id(job_id), "-")
+
+    def job_info(self, job_id: str) -> dict[str, str]:
+        out = self._scontrol("-o", "show", "job", _job_id(job_id))
+        line = next((ln for ln in out.splitlines() if ln.strip()), "")
+        if not line:
+            raise SlurmError(f"scontrol show job {job_id} printed nothing")
+        return parse_record(line)
+
+    def node_info(self, node: str) -> dict[str, str]:
+        out = self._scontrol("-o", "show", "node", _node(node))
+        line = next((ln for ln in out.splitlines() if ln.strip()), "")
+        if not line:
+            raise SlurmError(f"scontrol show node {node} printed nothing")
+        return parse_record(line)
+
+    def drain_node(self, node: str, reason: str) -> str:
+        """Drain a node; running jobs finish, no new ones start. Returns the reason set."""
+        text = drain_reason(reason)
+        self._scontrol("update", f"NodeName={_node(node)}", "State=DRAIN", f"Reason={text}")
+        return text
+
+    def resume_node(self, node: str) -> None:
+        self._scontrol("update", f"NodeName={_node(node)}", "State=RESUME")
+
+    def requeue(self, job_id: str, *, hold: bool = False, eligible_now: bool = False) -> None:
+        """Requeue a batch job; ``eligible_now`` skips Slurm's fixed requeue delay."""
+        job = _job_id(job_id)
+        self._scontrol("requeuehold" if hold else "requeue", job)
+        if eligible_now and not hold:
+            self._scontrol("update", f"JobId={job}", "StartTime=now")
+
+    def exclude_nodes(self, job_id: str, nodes: list[str]) -> list[str]:
+        """Add nodes to a pending job's excluded nodes; returns the whole excluded list."""
+        job = _job_id(job_id)
+        current = self.job_info(job).get("ExcNodeList", "")
+        have = expand_hostlist(current) if current and current != "(null)" else []
+        merged = have + [_node(n) for n in nodes if n not in have]
+        self._scontrol("update", f"JobId={job}", f"ExcNodeList={','.join(merged)}")
+        return merged
