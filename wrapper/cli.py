@@ -8,7 +8,7 @@ documented exit codes here, in one place; ``-v`` shows tracebacks.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -18,7 +18,7 @@ from wrapper import __version__
 class _Group(click.Group):
     """Maps errors to exit codes, and loads heavy verb groups only when they are called."""
 
-    lazy = {"sandbox": "wrapper.sandbox.cli:sandbox"}
+    lazy: ClassVar[dict[str, str]] = {"sandbox": "wrapper.sandbox.cli:sandbox"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])

@@ -229,4 +229,6 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
-    return json.dumps(value)  # a JSON string is a valid TOML basic string
+    # A JSON string is a TOML basic string, once non-BMP characters are left literal
+    # (JSON would write surrogate pairs) and DEL is escaped (TOML forbids it raw).
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")

@@ -1,0 +1,1 @@
+"""jobwrap's benchmarks: each compares against an anchor measured in the same run."""

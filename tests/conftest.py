@@ -1,0 +1,26 @@
+"""Fixtures shared by every tier: a clean structlog per test, and a hostile path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+    yield
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+
+
+@pytest.fixture
+def weird_tmp_path(tmp_path: Path) -> Path:
+    """A folder whose name has quotes, a semicolon, spaces and a newline."""
+    path = tmp_path / "we'ird \"dir\"; echo pwned\nline"
+    path.mkdir()
+    return path

@@ -1,0 +1,38 @@
+"""The harness itself: a second cluster comes up beside the first and leaves nothing behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+
+from tests.e2e.conftest import make_spec
+from wrapper.sandbox.cluster import Cluster, _alive
+
+
+def _processes_using(conf: Path) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if str(conf) in cmdline:
+            found.append(proc.pid)
+    return found
+
+
+def test_up_then_down_leaves_no_daemon(cluster: Cluster) -> None:
+    other = Cluster(make_spec("jobwrap-harness-"))
+    other.up(log=lambda msg: None)
+    try:
+        names = sorted(d.name for d in other.daemons)
+        assert names == ["slurmctld", "slurmd-n1", "slurmd-n2"]  # munge is shared, not ours
+        assert all(_alive(d) for d in other.daemons)
+        assert set(other.node_states().values()) == {"idle"}
+        assert len(_processes_using(other.conf)) == 3
+    finally:
+        daemons = list(other.daemons)
+        stopped = other.down()
+    assert sorted(stopped) == names
+    assert not any(_alive(d) for d in daemons)
+    assert _processes_using(other.conf) == []
+    # the session's cluster was not touched
+    assert all(_alive(d) for d in cluster.daemons)

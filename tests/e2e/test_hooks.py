@@ -1,0 +1,60 @@
+"""Every hook runs on every node of a real 2-node GPU job, as Slurm runs them."""
+
+from __future__ import annotations
+
+from wrapper.sandbox.cluster import Cluster
+from wrapper.state import JobState
+
+JOB = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:2
+#SBATCH --output=hooks-%j.out
+srun bash -c 'echo "$SLURMD_NODENAME attempt=$JOBWRAP_ATTEMPT scratch=$JOBWRAP_SCRATCH"'
+"""
+
+
+def test_two_node_gpu_job_as_user(cluster: Cluster) -> None:
+    job_id = cluster.submit(JOB, name="hooks.sh")
+    info = cluster.wait_job(job_id)
+    assert info["JobState"] == "COMPLETED", info
+    user = cluster.spec.user
+
+    events = JobState(cluster.state_dir, job_id).events()
+    by_hook: dict[str, set[str]] = {}
+    for event in events:
+        ctx = event["context"]
+        assert ctx["job_id"] == job_id
+        assert ctx["user"] == user
+        assert ctx["gpus"] == [0, 1], event
+        by_hook.setdefault(ctx["hook"], set()).add(ctx["node"])
+        assert event["node"] == ctx["node"]
+    assert by_hook == {"prolog": {"n1", "n2"}, "task-prolog": {"n1", "n2"},
+                       "epilog": {"n1", "n2"}}
+    # root's hooks wrote root's file; the user's hook wrote the user's file only
+    for event in events:
+        assert event["source"] == ("user" if event["context"]["hook"] == "task-prolog"
+                                   else "root")
+        if event["source"] == "root" and event["event"] == "prolog.context":
+            assert event["context"]["uid"] is not None
+
+    out = (cluster.work / f"hooks-{job_id}.out").read_text().split("\n")
+    lines = sorted(line for line in out if line)
+    scratch = cluster.scratch_root / job_id
+    assert lines == [f"n1 attempt=0 scratch={scratch}", f"n2 attempt=0 scratch={scratch}"]
+
+
+def test_bad_jobwrap_config_never_drains_a_node(cluster: Cluster) -> None:
+    """A broken jobwrap config is jobwrap's fault, not the node's: the job runs."""
+    original = cluster.jobwrap_config.read_text()
+    cluster.jobwrap_config.write_text(original + "\n[nonsense]\nkey = 1\n")
+    try:
+        job_id = cluster.submit("#!/bin/bash\necho ran on $SLURMD_NODENAME\n",
+                                "--output=badcfg-%j.out", name="badcfg.sh")
+        info = cluster.wait_job(job_id)
+    finally:
+        cluster.jobwrap_config.write_text(original)
+    assert info["JobState"] == "COMPLETED", info
+    assert "ran on n" in (cluster.work / f"badcfg-{job_id}.out").read_text()
+    states = cluster.node_states()
+    assert all(not s.startswith(("drain", "down")) for s in states.values()), states

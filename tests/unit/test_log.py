@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from wrapper import log
+
+
+def test_json_file_and_logfmt_stderr(tmp_path: Path) -> None:
+    err = io.StringIO()
+    log.configure(file=str(tmp_path / "j.log"), level="info", stderr_format="logfmt", stderr=err)
+    log.bind(hook="epilog", job_id="9", node="n2", attempt=0)
+    log.get().info("epilog.done", exit_code=3, note="two words")
+    log.get().debug("hidden")
+    [record] = [json.loads(x) for x in (tmp_path / "j.log").read_text().splitlines()]
+    assert record["event"] == "epilog.done"
+    assert (record["hook"], record["job_id"], record["node"], record["attempt"]) == \
+        ("epilog", "9", "n2", 0)
+    [line] = err.getvalue().splitlines()
+    assert line.startswith("jobwrap[")
+    assert "info: epilog.done" in line
+    assert 'note="two words"' in line and "exit_code=3" in line and "node=n2" in line
+
+
+def test_unwritable_log_file_falls_back_to_stderr(tmp_path: Path) -> None:
+    err = io.StringIO()
+    log.configure(file=str(tmp_path / "missing" / "j.log"), stderr_format="json", stderr=err)
+    log.get().info("still.here")
+    events = [json.loads(x)["event"] for x in err.getvalue().splitlines()]
+    assert events == ["log.file_unavailable", "still.here"]
+
+
+def test_console_form(tmp_path: Path) -> None:
+    err = io.StringIO()
+    log.configure(stderr_format="console", stderr=err)
+    log.get().warning("gpu.hot", gpu=1)
+    assert "gpu.hot" in err.getvalue() and "gpu=1" in err.getvalue()

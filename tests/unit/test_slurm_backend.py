@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from wrapper import slurm
+from wrapper.config import SlurmConfig
+from wrapper.errors import SlurmError
+from wrapper.runner import Runner
+from wrapper.slurm.commands import CliBackend, drain_reason
+
+
+class RecordingRunner(Runner):
+    """A real runner that first records argv; scontrol is replaced by echo, which exists."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    def run(self, argv, *, timeout, input=None, check=True):  # type: ignore[no-untyped-def]
+        self.calls.append(list(argv))
+        return super().run(["echo", "slurm 22.05.8"], timeout=timeout)
+
+
+def test_drain_reason_is_prefixed_and_one_line() -> None:
+    assert drain_reason("ecc on gpu 1\nmore") == "jobwrap: ecc on gpu 1 more"
+    assert drain_reason("jobwrap: xid 79 on gpu 0") == "jobwrap: xid 79 on gpu 0"
+
+
+def test_commands_sent_to_scontrol() -> None:
+    runner = RecordingRunner()
+    cli = CliBackend(SlurmConfig(scontrol_command="/opt/slurm/bin/scontrol"), runner)
+    assert cli.drain_node("n2", "ecc on gpu 1") == "jobwrap: ecc on gpu 1"
+    cli.resume_node("n2")
+    cli.requeue("12", eligible_now=True)
+    cli.requeue("13", hold=True)
+    assert runner.calls == [
+        ["/opt/slurm/bin/scontrol", "update", "NodeName=n2", "State=DRAIN",
+         "Reason=jobwrap: ecc on gpu 1"],
+        ["/opt/slurm/bin/scontrol", "update", "NodeName=n2", "State=RESUME"],
+        ["/opt/slurm/bin/scontrol", "requeue", "12"],
+        ["/opt/slurm/bin/scontrol", "update", "JobId=12", "StartTime=now"],
+        ["/opt/slurm/bin/scontrol", "requeuehold", "13"],
+    ]
+
+
+@pytest.mark.parametrize("bad", ["n1 State=RESUME", "n1;reboot", "../x", ""])
+def test_hostile_node_names_never_reach_scontrol(bad: str) -> None:
+    runner = RecordingRunner()
+    with pytest.raises(SlurmError, match="not a Slurm node name"):
+        CliBackend(SlurmConfig(), runner).drain_node(bad, "x")
+    assert runner.calls == []
+
+
+def test_failed_command_is_a_slurm_error_naming_it() -> None:
+    cli = CliBackend(SlurmConfig(scontrol_command="false"))
+    with pytest.raises(SlurmError, match="'false requeue 5' failed with exit code 1"):
+        cli.requeue("5")
+
+
+def test_cli_backend_when_asked() -> None:
+    assert slurm.backend(SlurmConfig(backend="cli")).name == "cli"
+
+
+def test_pyslurm_that_does_not_match_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("pyslurm")
+    fake.__version__ = "25.11.0"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pyslurm", fake)
+    runner = RecordingRunner()  # scontrol --version answers 22.05.8
+    assert slurm.backend(SlurmConfig(backend="auto"), runner).name == "cli"
+    with pytest.raises(SlurmError, match=r"pyslurm 25\.11\.0 does not match Slurm 22\.05\.8"):
+        slurm.backend(SlurmConfig(backend="pyslurm"), runner)
+
+
+def test_pyslurm_that_matches_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("pyslurm")
+    fake.__version__ = "22.05.1"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pyslurm", fake)
+    assert slurm.backend(SlurmConfig(backend="auto"), RecordingRunner()).name == "pyslurm"
+
+
+def test_missing_pyslurm_costs_no_scontrol_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyslurm", None)  # import fails
+    runner = RecordingRunner()
+    assert slurm.backend(SlurmConfig(backend="auto"), runner).name == "cli"
+    assert runner.calls == []

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from wrapper.errors import StateError
+from wrapper.state import ROOT_EVENTS, USER_EVENTS, JobState
+
+
+def test_append_and_read_back(tmp_path: Path) -> None:
+    state = JobState(tmp_path / "state", "42")
+    state.prepare(None, None)
+    state.append("prolog.context", node="n1", gpus=[0, 1])
+    state.append("epilog.context", node="n1")
+    events = state.events()
+    assert [e["event"] for e in events] == ["prolog.context", "epilog.context"]
+    assert events[0]["gpus"] == [0, 1]
+    assert events[0]["source"] == "root"
+    assert (tmp_path / "state" / "jobs" / "42" / ROOT_EVENTS).exists()
+
+
+@pytest.mark.parametrize("job_id", ["../etc", "1/2", "", "12a", "1" * 13])
+def test_job_ids_that_would_escape_are_refused(tmp_path: Path, job_id: str) -> None:
+    with pytest.raises(StateError, match="not a job id"):
+        JobState(tmp_path, job_id)
+
+
+def test_user_file_owned_by_job_user(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("this test checks chown and must run as root, as CI does")
+    state = JobState(tmp_path / "state", "7")
+    state.prepare(4242, 4243)
+    info = os.lstat(state.path / USER_EVENTS)
+    assert (info.st_uid, info.st_gid) == (4242, 4243)
+    assert info.st_mode & 0o777 == 0o640
+    state.prepare(4242, 4243)  # idempotent: a second node's prolog on shared state
+
+
+def test_user_file_with_wrong_owner_is_refused(tmp_path: Path) -> None:
+    state = JobState(tmp_path / "state", "8")
+    state.prepare(None, None)
+    (state.path / USER_EVENTS).write_text("")  # owned by root, not by the job user
+    with pytest.raises(StateError, match="not a regular file owned by uid 4242"):
+        state.prepare(4242, 4242)
+
+
+def test_symlink_in_place_of_the_event_file_is_not_followed(tmp_path: Path) -> None:
+    state = JobState(tmp_path / "state", "9")
+    state.prepare(None, None)
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    os.symlink(target, state.path / ROOT_EVENTS)
+    with pytest.raises(StateError):
+        state.append("x")
+    assert target.read_text() == "keep me\n"
+
+
+def test_symlinked_job_dir_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "state" / "jobs").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, tmp_path / "state" / "jobs" / "10")
+    with pytest.raises(StateError, match="not a directory"):
+        JobState(tmp_path / "state", "10").prepare(None, None)
+
+
+def test_user_append_needs_the_file_the_prolog_made(tmp_path: Path) -> None:
+    state = JobState(tmp_path / "state", "11")
+    state.prepare(None, None)
+    with pytest.raises(StateError, match="did it run on this node"):
+        state.append("task-prolog.context", as_user=True)
+
+
+def _writer(path: str, who: int, count: int) -> None:
+    state = JobState(Path(path), "5")
+    for i in range(count):
+        state.append("tick", who=who, i=i, pad="x" * 3000)
+
+
+def test_concurrent_writers_never_tear_lines(tmp_path: Path) -> None:
+    state = JobState(tmp_path / "state", "5")
+    state.prepare(None, None)
+    procs = [multiprocessing.Process(target=_writer, args=(str(tmp_path / "state"), w, 100))
+             for w in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    lines = (state.path / ROOT_EVENTS).read_text().splitlines()
+    assert len(lines) == 400
+    records = [json.loads(line) for line in lines]  # every line is whole JSON
+    for who in range(4):
+        assert [r["i"] for r in records if r["who"] == who] == list(range(100))
+
+
+def test_a_torn_last_line_is_skipped_not_fatal(tmp_path: Path) -> None:
+    state = JobState(tmp_path / "state", "6")
+    state.prepare(None, None)
+    state.append("ok")
+    with open(state.path / ROOT_EVENTS, "a") as handle:
+        handle.write('{"event": "cut')
+    assert [e["event"] for e in state.events()] == ["ok"]

@@ -1,0 +1,5 @@
+"""``python -m wrapper`` is ``jobwrap``."""
+
+from wrapper.cli import main
+
+main()
