@@ -24,8 +24,13 @@ ENV_VAR = "JOBWRAP_CONFIG"
 
 
 def _opt(default: Any, doc: str, *, choices: tuple[str, ...] = (), absolute: bool = False,
-         positive: bool = False) -> Any:
-    meta = {"doc": doc, "choices": choices, "absolute": absolute, "positive": positive}
+         positive: bool = False, non_negative: bool = False) -> Any:
+    """One config key: its default, its documentation and its constraints, together.
+
+    Supported types: str, int, float, bool and tuple[str, ...] (a TOML array of strings).
+    """
+    meta = {"doc": doc, "choices": choices, "absolute": absolute, "positive": positive,
+            "non_negative": non_negative}
     return field(default=default, metadata=meta)
 
 
@@ -79,11 +84,72 @@ class HooksConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    backend: str = _opt("nvml", "Where GPU readings come from: nvml (pynvml, production) or "
+                        "fake (a TOML inventory, for tests and dry runs).",
+                        choices=("nvml", "fake"))
+    fake_inventory: str = _opt("", "With backend = \"fake\": the TOML inventory to read.")
+
+
+@dataclass(frozen=True)
+class ChecksConfig:
+    prolog: bool = _opt(True, "Run the GPU and version checks in the prolog.")
+    epilog: bool = _opt(True, "Run the post-job GPU checks in the epilog.")
+
+
+@dataclass(frozen=True)
+class VersionsConfig:
+    driver_min: str = _opt("", "Minimum NVIDIA driver version (empty: not checked).")
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    enabled: bool = _opt(True, "Start a supervisor for each job on its first node.")
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    max_restarts: int = _opt(3, "Default for --max-restarts: requeues of one job at most.",
+                             non_negative=True)
+
+
+@dataclass(frozen=True)
+class StagingConfig:
+    verify: str = _opt("size", "How a staged file is verified before the job sees it: size, "
+                       "or sha256 (size and checksum).", choices=("size", "sha256"))
+
+
+@dataclass(frozen=True)
+class ArchiveConfig:
+    enabled: bool = _opt(True, "Archive each job's logs and manifest at its end.")
+
+
+@dataclass(frozen=True)
+class LoginGuardConfig:
+    interval: float = _opt(10.0, "Seconds between two scans of the login node's processes.",
+                           positive=True)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    textfile: str = _opt("", "node_exporter textfile to write (empty: no metrics).")
+
+
+@dataclass(frozen=True)
 class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
+    versions: VersionsConfig = field(default_factory=VersionsConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    staging: StagingConfig = field(default_factory=StagingConfig)
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
+    login_guard: LoginGuardConfig = field(default_factory=LoginGuardConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = field(default="(defaults)", compare=False)
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
@@ -100,6 +166,9 @@ class Config:
 
 SECTIONS: dict[str, type] = {
     "paths": PathsConfig, "log": LogConfig, "slurm": SlurmConfig, "hooks": HooksConfig,
+    "gpu": GpuConfig, "checks": ChecksConfig, "versions": VersionsConfig,
+    "supervisor": SupervisorConfig, "restart": RestartConfig, "staging": StagingConfig,
+    "archive": ArchiveConfig, "login_guard": LoginGuardConfig, "metrics": MetricsConfig,
 }
 
 _TYPE_NAMES = {"str": "a string", "float": "a number", "int": "an integer", "bool": "true or false"}
@@ -169,7 +238,11 @@ def _build_section(section: str, cls: type, values: dict[str, Any], problems: li
         if problem:
             problems.append(f"{where} = {_show(value)}: expected {problem}")
             continue
-        kwargs[key] = float(value) if spec.type in (float, "float") else value
+        if spec.type in (float, "float"):
+            value = float(value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
     return cls(**kwargs)
 
 
@@ -182,6 +255,9 @@ def _check_value(spec: dataclasses.Field[Any], value: Any) -> str | None:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif type_name == "bool":
         ok = isinstance(value, bool)
+    elif type_name.startswith("tuple"):
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        type_name = "an array of strings"
     else:
         ok = isinstance(value, str)
     if not ok:
@@ -192,6 +268,8 @@ def _check_value(spec: dataclasses.Field[Any], value: Any) -> str | None:
         return "an absolute path"
     if meta.get("positive") and value <= 0:
         return "a number greater than 0"
+    if meta.get("non_negative") and value < 0:
+        return "a number of 0 or more"
     return None
 
 
@@ -225,6 +303,8 @@ def to_toml(config: Config) -> str:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):

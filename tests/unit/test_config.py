@@ -63,7 +63,7 @@ def test_env_var_names_the_file(tmp_path: Path) -> None:
         ("[slurm]\ncommand_timeout = 0\n", ["expected a number greater than 0"]),
         ("[hooks]\non_internal_error = 'panic'\n", ["expected one of 'run', 'drain'"]),
         ("[paths]\nscratch_root = 'relative/dir'\n", ["expected an absolute path"]),
-        ("[gpus]\n", ["unknown section [gpus]", "valid sections: hooks, log, paths, slurm"]),
+        ("[gpus]\n", ["unknown section [gpus]", "valid sections: archive, checks, gpu, hooks"]),
         ("log = 3\n", ["log must be a table ([log]), not an integer"]),
         ("[log\nlevel=1\n", ["not valid TOML"]),
     ],
