@@ -18,7 +18,10 @@ from wrapper import __version__
 class _Group(click.Group):
     """Maps errors to exit codes, and loads heavy verb groups only when they are called."""
 
-    lazy: ClassVar[dict[str, str]] = {"sandbox": "wrapper.sandbox.cli:sandbox"}
+    lazy: ClassVar[dict[str, str]] = {"sandbox": "wrapper.sandbox.cli:sandbox",
+                                      "checkpoints": "wrapper.checkpoints.cli:checkpoints",
+                                      "login-guard": "wrapper.loginguard.cli:login_guard",
+                                      "check": "wrapper.gpu.cli:check"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])
@@ -82,6 +85,53 @@ def epilog() -> None:
 def task_prolog() -> None:
     """Slurm TaskProlog (job user): prints the JOBWRAP_* exports."""
     _hook("task-prolog")
+
+
+@cli.command()
+@click.argument("job_id")
+def supervise(job_id: str) -> None:
+    """Follow one job until it ends (started by the prolog; runs as the job user)."""
+    from wrapper import config, log
+    from wrapper.supervisor.launch import supervise as run_supervisor
+
+    cfg = config.load(_config_path())
+    log.configure(file="", level=cfg.log.level, stderr_format=cfg.log.stderr_format)
+    sys.exit(run_supervisor(job_id, cfg))
+
+
+@cli.command(hidden=True)
+@click.argument("job_id")
+@click.option("--exclude", multiple=True, help="Nodes this job must not run on again.")
+def release(job_id: str, exclude: tuple[str, ...]) -> None:
+    """Make a requeued job eligible as soon as Slurm allows (started by the epilog)."""
+    from wrapper import config, log
+    from wrapper.release import release as do_release
+
+    cfg = config.load(_config_path())
+    log.configure(file=cfg.log.file, level=cfg.log.level, stderr_format="logfmt")
+    log.bind(hook="release", job_id=job_id)
+    sys.exit(0 if do_release(job_id, cfg, list(exclude)) else 1)
+
+
+@cli.command("run", context_settings={"allow_interspersed_args": False,
+                                     "ignore_unknown_options": True})
+@click.argument("words", nargs=-1, required=True, metavar="-- CMD [ARGS]...")
+def run_command(words: tuple[str, ...]) -> None:
+    """Run CMD, restarting it in place from its latest valid checkpoint when it fails.
+
+    OPTIONS are the #JOBWRAP directives' (--checkpoint-dir, --max-restarts,
+    --hang-timeout, --checkpoint-glob, --checkpoint-marker, --no-requeue).
+    """
+    from wrapper import config, directives, log
+    from wrapper.runloop import run
+
+    option_words, command = directives.split_run_args(list(words))
+    if not command:
+        raise click.UsageError("no command given: jobwrap run [OPTIONS] -- CMD [ARGS]...")
+    options = directives.parse_args(option_words)
+    cfg = config.load(_config_path())
+    log.configure(file="", level="warning", stderr_format=cfg.log.stderr_format)
+    sys.exit(run(command, options, cfg))
 
 
 @cli.group("config")

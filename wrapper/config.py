@@ -68,6 +68,7 @@ class SlurmConfig:
     scontrol_command: str = _opt("scontrol", "Path or name of scontrol.")
     sinfo_command: str = _opt("sinfo", "Path or name of sinfo.")
     squeue_command: str = _opt("squeue", "Path or name of squeue.")
+    scancel_command: str = _opt("scancel", "Path or name of scancel.")
     command_timeout: float = _opt(10.0, "Seconds before a Slurm command is killed.",
                                   positive=True)
 
@@ -88,29 +89,149 @@ class GpuConfig:
     backend: str = _opt("nvml", "Where GPU readings come from: nvml (pynvml, production) or "
                         "fake (a TOML inventory, for tests and dry runs).",
                         choices=("nvml", "fake"))
-    fake_inventory: str = _opt("", "With backend = \"fake\": the TOML inventory to read.")
+    fake_inventory: str = _opt("", "With backend = \"fake\": the TOML inventory to read "
+                               "(format: wrapper/gpu/fake.py); {node} in it is replaced by "
+                               "the Slurm node name.")
+    xid_source: str = _opt("kmsg", "Where the nvml probe finds Xid events: kmsg (the kernel "
+                           "log, which the driver writes them to; needs root) or none.",
+                           choices=("kmsg", "none"))
+    kmsg_path: str = _opt("/dev/kmsg", "The kernel log to read Xid events from.",
+                          absolute=True)
+    xid_window: float = _opt(3600.0, "Seconds back in the kernel log that an Xid counts as "
+                             "recent.", positive=True)
 
 
 @dataclass(frozen=True)
 class ChecksConfig:
     prolog: bool = _opt(True, "Run the GPU and version checks in the prolog.")
     epilog: bool = _opt(True, "Run the post-job GPU checks in the epilog.")
+    probe_budget: float = _opt(30.0, "Seconds the GPU probe may take to read every GPU; a "
+                               "probe that takes longer is reported as jobwrap's failure "
+                               "(hung NVML), not as a GPU fault.", positive=True)
+    check_budget: float = _opt(10.0, "Seconds one check may take (version commands are cut "
+                               "off at it); a slower check adds a warning.", positive=True)
+    slurm_gpu_ids: str = _opt("minor", "What the numbers in SLURM_JOB_GPUS are: minor (N of "
+                              "/dev/nvidiaN, as gres.conf File= lists them) or index "
+                              "(NVML's order, for AutoDetect setups that number that way).",
+                              choices=("minor", "index"))
+    count: bool = _opt(True, "Compare the GPUs visible with those allocated and with the "
+                       "node's gres in Slurm (fewer visible: fail).")
+    mapping: bool = _opt(True, "Report which GPU each of SLURM_JOB_GPUS and "
+                         "CUDA_VISIBLE_DEVICES is (by minor number / UUID; fail when one "
+                         "is missing).")
+    ecc: bool = _opt(True, "Uncorrectable ECC errors: any since the last reset (volatile) "
+                     "fails; over the GPU's life (aggregate) warns, and fails above "
+                     "ecc_aggregate_max.")
+    ecc_aggregate_max: int = _opt(10, "Aggregate uncorrectable ECC errors a GPU may have "
+                                  "before the ecc check fails.", non_negative=True)
+    retired_pages: bool = _opt(True, "Retired pages (before Ampere): pending retirement "
+                               "fails; double-bit retirements warn; retired_pages_max fails.")
+    retired_pages_max: int = _opt(60, "Retired pages (single- and double-bit) at which the "
+                                  "retired_pages check fails (a GPU can retire at most 64).",
+                                  positive=True)
+    row_remap: bool = _opt(True, "Row remapping (Ampere on): a failed remap fails; a pending "
+                           "one (needs a GPU reset) is row_remap_pending.")
+    row_remap_pending: str = _opt("fail", "Status of a row remap waiting for a GPU reset.",
+                                  choices=("warn", "fail"))
+    xid: bool = _opt(True, "Recent Xid events (wrapper/gpu/xid.py says which drain, warn, "
+                     "or are the application's fault).")
+    xid_drain: tuple[str, ...] = _opt((), "Xids to treat as node faults besides jobwrap's "
+                                      "table, e.g. [\"46\"].")
+    xid_ignore: tuple[str, ...] = _opt((), "Xids to ignore altogether.")
+    temperature: bool = _opt(True, "Temperature at or above the GPU's slowdown or shutdown "
+                             "threshold fails; within temperature_margin of slowdown warns.")
+    temperature_margin: int = _opt(5, "Degrees C below the slowdown threshold where the "
+                                   "temperature check starts to warn.", non_negative=True)
+    throttle: bool = _opt(True, "Active clock throttle reasons.")
+    throttle_fail: tuple[str, ...] = _opt(
+        ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"),
+        "Throttle reasons that fail the throttle check (names: wrapper/gpu/probe.py).")
+    throttle_warn: tuple[str, ...] = _opt(("sw_thermal_slowdown",), "Throttle reasons that "
+                                          "warn.")
+    pcie: bool = _opt(True, "PCIe link generation and width against the most the GPU and "
+                      "its slot can do.")
+    pcie_width_below_max: str = _opt("fail", "Status when the link is narrower than it can "
+                                     "be (a reseat or riser problem).",
+                                     choices=("ignore", "warn", "fail"))
+    pcie_gen_below_max: str = _opt("ignore", "Status when the link runs below its best "
+                                   "generation; idle GPUs lower it to save power, so by "
+                                   "default it is only reported.",
+                                   choices=("ignore", "warn", "fail"))
+    nvlink: bool = _opt(True, "NVLink links down fail.")
+    nvlink_expected: int = _opt(0, "NVLinks each GPU must have up (0: every link the GPU "
+                                "reports; with a number, further links down only warn).",
+                                non_negative=True)
+    persistence: bool = _opt(True, "Persistence mode off (slow job starts, GPU state lost "
+                             "between jobs).")
+    persistence_off: str = _opt("warn", "Status when persistence mode is off.",
+                                choices=("warn", "fail"))
+    in_use: bool = _opt(True, "Processes or memory in use on an allocated GPU before the "
+                        "job (prolog) or after it (epilog) fail; not judged by jobwrap check.")
+    in_use_memory_warn_mib: int = _opt(256, "MiB of GPU memory in use, with no process on "
+                                       "the GPU, above which the in_use check warns.",
+                                       non_negative=True)
+    in_use_memory_max_mib: int = _opt(1024, "MiB of GPU memory in use above which the in_use "
+                                      "check fails.", non_negative=True)
 
 
 @dataclass(frozen=True)
 class VersionsConfig:
     driver_min: str = _opt("", "Minimum NVIDIA driver version (empty: not checked).")
+    driver_exact: str = _opt("", "The NVIDIA driver version every node must run, e.g. "
+                             "\"550.54.15\" (empty: not checked).")
+    cuda_min: str = _opt("", "Minimum CUDA version the driver supports, e.g. \"12.2\" (empty: "
+                         "not checked).")
+    nccl_min: str = _opt("", "Minimum NCCL version installed on the node, e.g. \"2.18\" "
+                         "(empty: not checked).")
+    nccl_search_paths: tuple[str, ...] = _opt(
+        ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+         "/usr/local/lib", "/usr/local/nccl/lib", "/usr/local/cuda/lib64"),
+        "Folders searched, in order, for libnccl.so.*; the first found is the node's NCCL.")
+    fabric_manager: bool = _opt(False, "Require NVIDIA Fabric Manager to run, at the "
+                                "driver's version (NVSwitch systems: HGX/DGX).")
+    fabric_manager_service: str = _opt("nvidia-fabricmanager", "Fabric Manager's systemd "
+                                       "unit.")
+    fabric_manager_command: str = _opt("nv-fabricmanager", "Path or name of "
+                                       "nv-fabricmanager (asked for its version).")
+    systemctl_command: str = _opt("systemctl", "Path or name of systemctl.")
+    commands: tuple[str, ...] = _opt((), "Site commands whose version to check, each "
+                                     "\"COMMAND ARGS >= VERSION\" or \"COMMAND ARGS == "
+                                     "VERSION\"; the first dotted number in the output is "
+                                     "the version.")
+    command_timeout: float = _opt(10.0, "Seconds before a version command is killed.",
+                                  positive=True)
 
 
 @dataclass(frozen=True)
 class SupervisorConfig:
     enabled: bool = _opt(True, "Start a supervisor for each job on its first node.")
+    interval: float = _opt(2.0, "Seconds between two looks at the job (checkpoints, output).",
+                           positive=True)
+    slurm_interval: float = _opt(10.0, "Seconds between two asks to Slurm whether the job "
+                                 "still runs.", positive=True)
+    gpu_interval: float = _opt(10.0, "Seconds between two GPU health readings.",
+                               positive=True)
+    hang_timeout: float = _opt(0.0, "Default for --hang-timeout in seconds (0: no hang "
+                               "detection unless the job asks for it).", non_negative=True)
+    walltime_signal: str = _opt("USR1", "Signal sent to the job's steps before its time "
+                                "limit when it did not ask for one (--signal).")
+    walltime_lead: float = _opt(300.0, "Seconds before the time limit to send it.",
+                                non_negative=True)
+    settle_seconds: float = _opt(10.0, "A checkpoint modified more recently than this is "
+                                 "taken as still being written.", non_negative=True)
 
 
 @dataclass(frozen=True)
 class RestartConfig:
     max_restarts: int = _opt(3, "Default for --max-restarts: requeues of one job at most.",
                              non_negative=True)
+    no_progress_limit: int = _opt(2, "Stop requeueing after this many failed attempts in a "
+                                  "row ended at the same checkpoint (faults that are not "
+                                  "the job's, such as a bad GPU, do not count).",
+                                  positive=True)
+    release_delay: float = _opt(1.5, "Seconds between a requeued job leaving COMPLETING and "
+                                "its release: slurmd refuses a relaunch within the second "
+                                "the old credential was revoked.", non_negative=True)
 
 
 @dataclass(frozen=True)
@@ -128,6 +249,78 @@ class ArchiveConfig:
 class LoginGuardConfig:
     interval: float = _opt(10.0, "Seconds between two scans of the login node's processes.",
                            positive=True)
+    min_uid: int = _opt(1000, "Accounts with a uid below this (system accounts) are never "
+                        "touched; neither is root, whatever this says.", non_negative=True)
+    exempt_users: tuple[str, ...] = _opt((), "Users the guard never touches.")
+    exempt_groups: tuple[str, ...] = _opt((), "Groups whose members (primary or "
+                                          "supplementary) the guard never touches.")
+    exempt_commands: tuple[str, ...] = _opt(
+        ("cc1", "cc1plus", "cc1obj", "as", "ld", "ld.gold", "ld.lld", "collect2", "gcc",
+         "g++", "clang", "clang++", "nvcc", "cicc", "ptxas", "make", "ninja", "cmake",
+         "rustc", "cargo", "go", "javac", "vim", "nvim", "emacs", "nano", "git", "pip",
+         "conda", "mamba", "rsync", "scp", "tar", "gzip", "xz", "zstd"),
+        "Commands (process names) with their own CPU allowance, counted apart from the "
+        "user's other processes: NAME (allowance command_cpu_share) or NAME=SHARE.")
+    command_cpu_share: float = _opt(0.5, "CPU allowance of each exempt command of a user, "
+                                    "as a share of all the node's cores.", positive=True)
+    protected_commands: tuple[str, ...] = _opt(
+        ("sshd", "sshd-session", "sshd-auth", "sftp-server", "login", "su", "sudo",
+         "systemd", "(sd-pam)", "bash", "sh", "dash", "zsh", "ksh", "tcsh", "csh", "fish",
+         "tmux", "tmux: server", "screen", "SCREEN", "mosh-server"),
+        "Process names never signalled or reniced (login sessions and shells); their CPU "
+        "still counts.")
+    cpu_share: float = _opt(0.1, "Share of all the node's cores (0.1 = 10%) one user may "
+                            "use, sustained.", positive=True)
+    cpu_window: float = _opt(300.0, "Seconds a user's CPU use must stay above cpu_share "
+                             "before the first action.", non_negative=True)
+    memory_gib: float = _opt(32.0, "Resident memory (GiB, all of a user's processes "
+                             "together) one user may hold.", positive=True)
+    memory_window: float = _opt(60.0, "Seconds a user's memory must stay above memory_gib "
+                                "before the first action.", non_negative=True)
+    ai_commands: tuple[str, ...] = _opt(
+        ("torchrun", "deepspeed", "accelerate launch", "vllm serve",
+         "vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server",
+         "torch.distributed.run", "torch.distributed.launch", "text-generation-launcher",
+         "tritonserver", "sglang.launch_server", "ollama serve", "llama-server"),
+        "AI workload signatures: a process name, or the words a command line starts with "
+        "(after a python interpreter, its options and -m).")
+    ai_libraries: tuple[str, ...] = _opt(
+        ("libcuda.so", "libcudart", "libtorch", "libnccl", "libcublas", "libcudnn"),
+        "File-name prefixes of libraries that, mapped into a Python process "
+        "(/proc/PID/maps), mark it as GPU or AI work.")
+    ai_window: float = _opt(30.0, "Seconds an AI signature or a GPU use must be seen "
+                            "before the first action.", non_negative=True)
+    gpu_pids_file: str = _opt("", "A TOML file naming the pids on each GPU ([[gpu]] "
+                              "processes = [...]), read instead of NVML: for tests and "
+                              "dry runs.")
+    cpu_actions: tuple[str, ...] = _opt(("warn", "throttle", "terminate"),
+                                        "Steps, in order, while a CPU violation continues "
+                                        "(each of warn, throttle, terminate).")
+    memory_actions: tuple[str, ...] = _opt(("warn", "terminate"), "Steps, in order, while "
+                                           "a memory violation continues.")
+    gpu_actions: tuple[str, ...] = _opt(("warn", "terminate"), "Steps, in order, while a "
+                                        "process uses a GPU.")
+    ai_actions: tuple[str, ...] = _opt(("warn", "terminate"), "Steps, in order, while an "
+                                       "AI workload runs.")
+    escalate_after: float = _opt(120.0, "Seconds between two steps while a violation "
+                                 "continues.", positive=True)
+    forgive_after: float = _opt(300.0, "Seconds without a violation before its clock is "
+                                "cleared and a throttle lifted.", positive=True)
+    kill_grace: float = _opt(10.0, "Seconds between SIGTERM and SIGKILL.", non_negative=True)
+    throttle_cpu_share: float = _opt(0.02, "CPU a throttled user keeps (cpu.max of the "
+                                     "user's slice), as a share of all the node's cores.",
+                                     positive=True)
+    throttle_nice: int = _opt(19, "Nice value (0-19) given to the offending processes "
+                              "where the user has no cgroup v2 slice.", non_negative=True)
+    cgroup_root: str = _opt("/sys/fs/cgroup", "cgroup v2 mount; throttling writes "
+                            "<cgroup_root>/user.slice/user-UID.slice/cpu.max when it exists.",
+                            absolute=True)
+    notify_command: tuple[str, ...] = _opt((), "Command run on every step (argv; {user}, "
+                                           "{uid}, {rule} and {action} are replaced), the "
+                                           "message on stdin; empty: none.")
+    advice: str = _opt("Run it as a Slurm job instead: sbatch job.sh (batch), or srun "
+                       "--pty bash (interactive, on a compute node).",
+                       "Where to run the work instead; ends every message to a user.")
 
 
 @dataclass(frozen=True)

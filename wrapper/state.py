@@ -43,8 +43,9 @@ class JobState:
     def path(self) -> Path:
         return self.state_dir / "jobs" / self.job_id
 
-    def prepare(self, uid: int | None, gid: int | None) -> None:
-        """Create the job directory and the user's event file (root, prolog, idempotent).
+    def prepare(self, uid: int | None, gid: int | None,
+                user_files: tuple[str, ...] = (USER_EVENTS,)) -> None:
+        """Create the job directory and the files the job user writes (root, idempotent).
 
         Safe when several nodes' prologs share one state_dir and race: every step
         tolerates the other having done it, and checks what it finds.
@@ -59,7 +60,11 @@ class JobState:
         _make_private_dir(self.path, 0o755)
         if os.geteuid() != 0 or uid is None:
             return
-        user_file = self.path / USER_EVENTS
+        for name in user_files:
+            self._make_user_file(name, uid, gid)
+
+    def _make_user_file(self, name: str, uid: int, gid: int | None) -> None:
+        user_file = self.path / name
         try:
             fd = os.open(user_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o640)
@@ -99,6 +104,32 @@ class JobState:
         finally:
             os.close(fd)
         return record
+
+    def write_json(self, name: str, data: dict[str, Any]) -> None:
+        """Replace ``name`` in the job directory atomically (root's records, mode 0644)."""
+        if "/" in name or name.startswith("."):
+            raise StateError(f"bad state file name {name!r}")
+        tmp = self.path / f".{name}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        try:
+            os.write(fd, json.dumps(data, default=str, indent=1).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path / name)
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        try:
+            fd = os.open(self.path / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            try:
+                data = json.load(handle)
+            except ValueError:
+                return None
+        return data if isinstance(data, dict) else None
 
     def events(self) -> list[dict[str, Any]]:
         """Every event of the job, root's and the user's, in time order.

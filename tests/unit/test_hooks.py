@@ -56,6 +56,8 @@ def test_task_prolog_exports(site: dict[str, Path]) -> None:
     assert out.getvalue().splitlines() == [
         "export JOBWRAP_ATTEMPT=1",
         f"export JOBWRAP_SCRATCH={site['scratch']}/31",
+        # attempt 1 of the batch step: the user is told why and from where it runs
+        "print jobwrap: attempt 1; no valid checkpoint: starting from the beginning",
     ]
     events = JobState(site["state"], "31").events()
     assert [(e["event"], e["source"]) for e in events] == [

@@ -19,7 +19,7 @@ from wrapper.config import Config
 from wrapper.errors import EXIT_BROKEN, EXIT_OK, EXIT_UNHEALTHY, ConfigError, JobwrapError
 from wrapper.slurm.context import JobContext, from_env
 
-HookBody = Callable[[JobContext, Config, TextIO], int]
+HookBody = Callable[[JobContext, Config, TextIO, Mapping[str, str]], int]
 
 
 def _body(hook: str) -> HookBody:
@@ -52,7 +52,7 @@ def run_hook(hook: str, *, config_path: str | None, env: Mapping[str, str] | Non
             raise config_problem
         ctx = from_env(hook, environ)
         log.bind(hook=hook, job_id=ctx.job_id, node=ctx.node, attempt=ctx.attempt)
-        return _body(hook)(ctx, cfg, stdout)
+        return _body(hook)(ctx, cfg, stdout, environ)
     except JobwrapError as exc:
         logger.error("hook.failed", hook=hook, error=str(exc), kind=type(exc).__name__)
         return _on_internal_error(hook, cfg, environ, str(exc), under_slurm)

@@ -1,22 +1,148 @@
-"""The epilog (root, every allocated node): record how the job ended on this node."""
+"""The epilog (root, every allocated node): record the end, and on the job's first node
+classify the attempt's outcome and requeue it when a retry can help.
+
+Everything read from the user's files (the output's tail, the checkpoints) is read with
+the user's rights. A requeue is made at once (so the decision survives anything that
+follows) and a detached ``jobwrap release`` makes the job eligible as soon as Slurm has
+finished completing it, instead of after Slurm's fixed 121 s requeue delay.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from wrapper import log
+from wrapper import jobrecord, log, slurm
+from wrapper.classify import Classification, Evidence, classify
 from wrapper.config import Config
-from wrapper.errors import EXIT_OK
+from wrapper.errors import EXIT_OK, JobwrapError
+from wrapper.policy import Decision, PastAttempt, decide
+from wrapper.privileges import UserIds, append_line, as_user, read_tail
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 
+# Slurm's Reason while a job is COMPLETING tells what ended it.
+_REASON_STATE = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "NodeFail": "NODE_FAIL",
+                 "Preempted": "PREEMPTED", "OutOfMemory": "OUT_OF_MEMORY"}
 
-def run(ctx: JobContext, cfg: Config, out: TextIO) -> int:
+
+def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None = None) -> int:
+    logger = log.get()
     state = JobState(Path(cfg.paths.state_dir), ctx.job_id)
     # The prolog normally made the directory; an epilog after a failed prolog must not fail.
     state.prepare(ctx.uid, ctx.gid)
     state.append("epilog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                  context=ctx.as_dict())
-    log.get().info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
+    gpu_check_failed = False
+    if ctx.first_node:
+        backend = slurm.backend(cfg.slurm)
+        try:
+            record = jobrecord.load(state)
+        except JobwrapError:
+            record = jobrecord.gather(ctx, backend)
+        decide_attempt(ctx, cfg, state, record, backend, gpu_check_failed=gpu_check_failed)
+    logger.info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
     return EXIT_OK
+
+
+def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrecord.JobRecord,
+                   backend: slurm.SlurmBackend, *, gpu_check_failed: bool) -> Decision:
+    user = UserIds.of(record.uid, record.gid)
+    events = [e for e in state.events() if e.get("attempt") == ctx.attempt]
+    supervisor_events = tuple(str(e["event"]) for e in events
+                              if e.get("hook") == "supervisor")
+    info: dict[str, str] = {}
+    try:
+        info = backend.job_info(ctx.job_id)
+    except JobwrapError as exc:
+        log.get().warning("epilog.job_info_unavailable", error=str(exc))
+    tail = ""
+    for path in dict.fromkeys([record.stdout, record.stderr]):
+        if path:
+            try:
+                tail += as_user(user, read_tail, path)
+            except JobwrapError as exc:
+                log.get().warning("epilog.output_unreadable", path=path, error=str(exc))
+    evidence = Evidence(exit_code=ctx.exit_code, exit_signal=ctx.exit_signal,
+                        slurm_state=_final_state(info), supervisor_events=supervisor_events,
+                        gpu_check_failed=gpu_check_failed, output_tail=tail)
+    verdict = classify(evidence)
+    checkpoint = _latest_checkpoint(record, user)
+    history = [PastAttempt(int(e.get("attempt", 0)), str(e.get("kind")), str(e.get("signature")),
+                           e.get("checkpoint_step"), e.get("checkpoint_path"))
+               for e in state.events()
+               if e.get("event") == "attempt.end" and e.get("source") == "root"
+               and e.get("attempt") != ctx.attempt]
+    options = record.job_options
+    max_restarts = options.max_restarts if options.max_restarts is not None \
+        else cfg.restart.max_restarts
+    decision = decide(verdict, attempt=ctx.attempt, max_restarts=max_restarts,
+                      no_requeue=options.no_requeue, history=history,
+                      checkpoint_step=checkpoint.get("step") if checkpoint else None,
+                      checkpoint_path=checkpoint.get("path") if checkpoint else None,
+                      node=ctx.node, no_progress_limit=cfg.restart.no_progress_limit)
+    _record(state, ctx, verdict, decision, checkpoint, evidence)
+    if decision.requeue:
+        _requeue(ctx, cfg, backend, decision)
+    if decision.action != "done" and record.stdout:
+        message = f"jobwrap: attempt {ctx.attempt} ended: {verdict.kind} ({verdict.detail}). " \
+                  f"{'Requeued' if decision.requeue else 'Not requeued'}: {decision.reason}"
+        try:
+            as_user(user, append_line, record.stdout, message)
+        except JobwrapError as exc:
+            log.get().warning("epilog.output_unwritable", error=str(exc))
+    return decision
+
+
+def _final_state(info: dict[str, str]) -> str:
+    state = info.get("JobState", "")
+    if state == "COMPLETING" or not state:
+        return _REASON_STATE.get(info.get("Reason", ""), "")
+    return state
+
+
+def _latest_checkpoint(record: jobrecord.JobRecord, user: UserIds) -> dict[str, Any] | None:
+    if not record.checkpoint_dir:
+        return None
+    try:
+        found: dict[str, Any] | None = as_user(user, _find, record.checkpoint_dir,
+                                               record.job_options.checkpoint_glob,
+                                               record.job_options.checkpoint_marker)
+    except JobwrapError as exc:
+        log.get().warning("epilog.checkpoints_unreadable", error=str(exc))
+        return None
+    return found
+
+
+def _find(directory: str, glob: str | None, marker: str | None) -> dict[str, Any] | None:
+    from wrapper.checkpoints import latest_valid
+
+    # The job has ended: nothing is still writing, so no settle time is needed.
+    found = latest_valid(directory, glob=glob, marker=marker, settle_seconds=0).latest
+    return {"path": found.path, "step": found.step, "layout": found.layout} if found else None
+
+
+def _record(state: JobState, ctx: JobContext, verdict: Classification, decision: Decision,
+            checkpoint: dict[str, Any] | None, evidence: Evidence) -> None:
+    state.append("attempt.end", attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
+                 detail=verdict.detail, signature=verdict.signature,
+                 exit_code=evidence.exit_code, exit_signal=evidence.exit_signal,
+                 slurm_state=evidence.slurm_state,
+                 checkpoint_path=checkpoint.get("path") if checkpoint else None,
+                 checkpoint_step=checkpoint.get("step") if checkpoint else None,
+                 decision=decision.action, reason=decision.reason, exclude=decision.exclude_nodes)
+    log.get().info("epilog.decision", kind=verdict.kind, decision=decision.action,
+                   reason=decision.reason)
+
+
+def _requeue(ctx: JobContext, cfg: Config, backend: slurm.SlurmBackend,
+             decision: Decision) -> None:
+    from wrapper import detach
+
+    backend.requeue(ctx.job_id)
+    argv = [sys.executable, "-m", "wrapper", "release", ctx.job_id]
+    for node in decision.exclude_nodes:
+        argv += ["--exclude", node]
+    detach.spawn(argv, detach.hook_env(cfg.source))

@@ -1,21 +1,37 @@
-"""The prolog (root, every allocated node): prepare the job's state on this node."""
+"""The prolog (root, every allocated node): record the job, check the node, start the supervisor."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from wrapper import log
+from wrapper import jobrecord, log, slurm
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK
 from wrapper.slurm.context import JobContext
-from wrapper.state import JobState
+from wrapper.state import USER_EVENTS, JobState
+from wrapper.supervisor.launch import SUPERVISOR_LOG
 
 
-def run(ctx: JobContext, cfg: Config, out: TextIO) -> int:
+def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> int:
+    logger = log.get()
     state = JobState(Path(cfg.paths.state_dir), ctx.job_id)
-    state.prepare(ctx.uid, ctx.gid)
+    state.prepare(ctx.uid, ctx.gid, user_files=(USER_EVENTS, SUPERVISOR_LOG))
     state.append("prolog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                  context=ctx.as_dict())
-    log.get().info("prolog.done", gpus=ctx.gpus)
+    backend = slurm.backend(cfg.slurm)
+    record = jobrecord.gather(ctx, backend)
+    state.write_json(jobrecord.RECORD, record.as_dict())
+    if record.options_error:
+        # The user's mistake: say so where they look, never hold the node responsible.
+        logger.warning("prolog.bad_directives", error=record.options_error)
+        state.append("directives.invalid", attempt=ctx.attempt, node=ctx.node,
+                     error=record.options_error)
+    if ctx.first_node and cfg.supervisor.enabled and record.uid > 0:
+        from wrapper.supervisor.launch import start
+
+        how = start(ctx.job_id, cfg)
+        state.append("supervisor.started", attempt=ctx.attempt, node=ctx.node, how=how)
+    logger.info("prolog.done", gpus=ctx.gpus)
     return EXIT_OK

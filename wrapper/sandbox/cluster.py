@@ -208,6 +208,7 @@ class Cluster:
             shutil.copytree(self.source / hooks, target)
         (self.runtime / "jobwrap.env").write_text(
             f"JOBWRAP_CONFIG={self.jobwrap_config}\n"
+            f"SLURM_CONF={self.conf}\n"
             f"JOBWRAP_BIN={venv / 'bin' / 'jobwrap'}\n")
         for path in [self.runtime, *self.runtime.rglob("*")]:
             mode = path.lstat().st_mode

@@ -73,6 +73,33 @@ class CliBackend:
             raise SlurmError(f"scontrol show node {node} printed nothing")
         return parse_record(line)
 
+    def job_state(self, job_id: str) -> str:
+        """The job's state from squeue (cheap), or "" once Slurm no longer lists it."""
+        argv = [self.config.squeue_command, "-h", "-j", _job_id(job_id), "-o", "%T"]
+        res = self.runner.run(argv, timeout=self.config.command_timeout, check=False)
+        if res.returncode != 0:
+            if "Invalid job id" in res.stderr:
+                return ""
+            raise SlurmError(f"command {' '.join(argv)!r} failed: {res.stderr.strip()}")
+        return res.stdout.strip().split("\n")[0].strip()
+
+    def signal_job(self, job_id: str, signal: str, *, full: bool = False) -> None:
+        """Send a signal to the job's steps (``full``: to the batch script too)."""
+        argv = [self.config.scancel_command, f"--signal={signal}", _job_id(job_id)]
+        if full:
+            argv.insert(1, "--full")
+        try:
+            self.runner.run(argv, timeout=self.config.command_timeout)
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+
+    def release_now(self, job_id: str, exclude: list[str] | None = None) -> None:
+        """Make a pending (requeued) job eligible at once, away from ``exclude``."""
+        job = _job_id(job_id)
+        if exclude:
+            self.exclude_nodes(job, exclude)
+        self._scontrol("update", f"JobId={job}", "StartTime=now")
+
     def drain_node(self, node: str, reason: str) -> str:
         """Drain a node; running jobs finish, no new ones start. Returns the reason set."""
         text = drain_reason(reason)

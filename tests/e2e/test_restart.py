@@ -1,0 +1,114 @@
+"""Jobs that fail come back from their latest valid checkpoint; jobs that cannot, stop.
+
+A real 1-node job runs the toy training loop as the test user, is made to fail in one
+way, and must end with exactly the sum of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from wrapper.sandbox.cluster import Cluster
+from wrapper.state import JobState
+
+STEPS = 8
+EXPECTED = STEPS * (STEPS + 1) // 2
+PAYLOAD = Path(__file__).parent / "payloads" / "train.py"
+
+
+def job_script(name: str, how: str, crash_at: int, *, extra: str = "", steps: int = STEPS,
+               run_wrapper: str = "") -> str:
+    return f"""#!/bin/bash
+#SBATCH --output={name}-%j.out
+#SBATCH --open-mode=append
+#JOBWRAP --checkpoint-dir=ckpt-{name} --max-restarts=3 {extra}
+export CRASH_AT={crash_at} CRASH_HOW={how}
+{run_wrapper}python3 train.py {steps} 0.4
+"""
+
+
+@pytest.fixture(scope="module")
+def payload(cluster: Cluster) -> str:
+    path = cluster.write_user_file("train.py", PAYLOAD.read_text())
+    return str(path)
+
+
+def run_job(cluster: Cluster, name: str, script: str, *, timeout: float = 150) -> tuple[str,
+                                                                                       str]:
+    shutil.rmtree(cluster.work / f"ckpt-{name}", ignore_errors=True)
+    job_id = cluster.submit(script, name=f"{name}.sh")
+    info = cluster.wait_job(job_id, timeout=timeout,
+                            states={"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+    # a requeued job passes through PENDING again: wait for its final attempt
+    output = (cluster.work / f"{name}-{job_id}.out").read_text()
+    return job_id, output + f"\n[final state {info['JobState']} restarts {info['Restarts']}]"
+
+
+def attempt_ends(cluster: Cluster, job_id: str) -> list[dict[str, object]]:
+    return [e for e in JobState(cluster.state_dir, job_id).events()
+            if e["event"] == "attempt.end" and e["source"] == "root"]
+
+
+@pytest.mark.parametrize(("how", "kind"), [("exit", "user_error"), ("kill", "user_error"),
+                                           ("truncate", "user_error")])
+def test_crash_resumes_from_latest_valid_checkpoint(cluster: Cluster, payload: str, how: str,
+                                                    kind: str) -> None:
+    job_id, output = run_job(cluster, f"crash-{how}", job_script(f"crash-{how}", how, 4))
+    assert f"done sum {EXPECTED}" in output, output
+    assert "[final state COMPLETED restarts 1]" in output, output
+    ends = attempt_ends(cluster, job_id)
+    assert [(e["attempt"], e["kind"], e["decision"]) for e in ends] == [
+        (0, kind, "requeue"), (1, "success", "done")], ends
+    resumed = 3 if how == "truncate" else 4  # a truncated newest checkpoint is skipped
+    assert "attempt=1 resume=" in output and f"start={resumed}" in output, output
+    assert "jobwrap: attempt 0 ended" in output  # the user is told, in their own output
+
+
+def test_hang_is_caught_and_resumed(cluster: Cluster, payload: str) -> None:
+    job_id, output = run_job(cluster, "hang",
+                             job_script("hang", "hang", 3, extra="--hang-timeout=8s"))
+    assert f"done sum {EXPECTED}" in output, output
+    kinds = [(e["kind"], e["decision"]) for e in attempt_ends(cluster, job_id)]
+    assert kinds == [("hang", "requeue"), ("success", "done")], kinds
+    events = [e["event"] for e in JobState(cluster.state_dir, job_id).events()]
+    assert "hang" in events and "checkpoint" in events
+
+
+def test_the_same_error_every_time_stops(cluster: Cluster, payload: str) -> None:
+    job_id, output = run_job(cluster, "loop", job_script("loop", "always", 2))
+    ends = attempt_ends(cluster, job_id)
+    assert [e["decision"] for e in ends] == ["requeue", "stop"], ends
+    assert "the same error ended attempts 0 and 1" in str(ends[-1]["reason"])
+    assert "Not requeued: the same error ended attempts 0 and 1" in output
+    assert "[final state FAILED restarts 1]" in output
+
+
+def test_success_is_never_requeued(cluster: Cluster, payload: str) -> None:
+    job_id, output = run_job(cluster, "ok", job_script("ok", "exit", 0, steps=3))
+    assert "done sum 6" in output
+    ends = attempt_ends(cluster, job_id)
+    assert [(e["kind"], e["decision"]) for e in ends] == [("success", "done")]
+    assert "[final state COMPLETED restarts 0]" in output
+
+
+def test_jobwrap_run_recovers_in_place(cluster: Cluster, payload: str) -> None:
+    jobwrap = cluster.runtime / "venv" / "bin" / "jobwrap"
+    _job_id, output = run_job(cluster, "inplace", job_script(
+        "inplace", "kill", 3, run_wrapper=f"{jobwrap} run --checkpoint-dir=ckpt-inplace "
+        "--max-restarts=2 -- "))
+    assert f"done sum {EXPECTED}" in output, output
+    assert "jobwrap run: attempt 1: resuming from" in output
+    assert "[final state COMPLETED restarts 0]" in output  # no Slurm requeue was needed
+
+
+def test_supervisor_killed_mid_job_does_not_lose_recovery(cluster: Cluster,
+                                                          payload: str) -> None:
+    script = job_script("nosup", "exit", 5).replace(
+        "python3 train.py", "pkill -KILL -u $USER -f 'wrapper supervise' || true\npython3 train.py")
+    job_id, output = run_job(cluster, "nosup", script)
+    assert f"done sum {EXPECTED}" in output, output
+    kinds = [(e["kind"], e["decision"]) for e in attempt_ends(cluster, job_id)]
+    assert kinds == [("user_error", "requeue"), ("success", "done")]

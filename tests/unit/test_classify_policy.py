@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import pytest
+
+from wrapper.classify import Evidence, classify
+from wrapper.policy import PastAttempt, decide
+
+
+@pytest.mark.parametrize(
+    ("evidence", "kind"),
+    [
+        (Evidence(exit_code=0, exit_signal=0, slurm_state="COMPLETED"), "success"),
+        (Evidence(exit_code=0, exit_signal=0), "success"),
+        (Evidence(exit_code=0, exit_signal=9, slurm_state="NODE_FAIL"), "node_failure"),
+        (Evidence(exit_code=0, exit_signal=15, slurm_state="PREEMPTED"), "preempted"),
+        (Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",)), "hardware"),
+        (Evidence(exit_code=1, gpu_check_failed=True), "hardware"),
+        (Evidence(exit_code=0, exit_signal=9, supervisor_events=("checkpoint", "hang")), "hang"),
+        (Evidence(exit_code=0, exit_signal=15, slurm_state="TIMEOUT"), "walltime"),
+        (Evidence(exit_code=0, exit_signal=9, slurm_state="OUT_OF_MEMORY"), "host_oom"),
+        (Evidence(exit_code=0, exit_signal=15, slurm_state="CANCELLED"), "cancelled"),
+        (Evidence(exit_code=1, output_tail="x\ntorch.OutOfMemoryError: CUDA out of memory. "
+                  "Tried to allocate 2.00 GiB\n"), "cuda_oom"),
+        (Evidence(exit_code=1, output_tail="[rank3]:[E ProcessGroupNCCL.cpp:563] Watchdog "
+                  "caught collective operation timeout: WorkNCCL(SeqNum=1)\n"), "nccl_timeout"),
+        (Evidence(exit_code=1, output_tail="NVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has "
+                  "fallen off the bus.\n"), "hardware"),
+        (Evidence(exit_code=137, output_tail="step 4\n"), "user_error"),
+        (Evidence(exit_code=1, output_tail="Traceback...\nValueError: bad shape (3, 4)\n"),
+         "user_error"),
+    ],
+)
+def test_classification_table(evidence: Evidence, kind: str) -> None:
+    assert classify(evidence).kind == kind
+
+
+def test_same_error_with_other_numbers_has_the_same_signature() -> None:
+    a = classify(Evidence(exit_code=1, output_tail="ValueError: bad shape (3, 4) at 0x7f3a\n"))
+    b = classify(Evidence(exit_code=1, output_tail="ValueError: bad shape (5, 6) at 0x9c2e\n"))
+    c = classify(Evidence(exit_code=1, output_tail="KeyError: 'lr'\n"))
+    assert a.signature == b.signature != c.signature
+    assert "ValueError: bad shape" in a.detail
+
+
+def decision(kind_evidence: Evidence, *, attempt: int = 0, history: list[PastAttempt] | None
+             = None, step: int | None = 10, max_restarts: int = 3, no_requeue: bool = False):
+    return decide(classify(kind_evidence), attempt=attempt, max_restarts=max_restarts,
+                  no_requeue=no_requeue, history=history or [], checkpoint_step=step,
+                  checkpoint_path="/ck/step10" if step else None, node="n1")
+
+
+USER_ERR = Evidence(exit_code=3, output_tail="RuntimeError: boom\n")
+
+
+def test_success_is_never_requeued() -> None:
+    assert decision(Evidence(exit_code=0, slurm_state="COMPLETED")).action == "done"
+
+
+def test_first_failure_is_requeued_and_says_where_it_resumes() -> None:
+    d = decision(USER_ERR)
+    assert d.requeue
+    assert "requeued as attempt 1 of at most 3; resumes from /ck/step10" in d.reason
+
+
+def test_restart_limit() -> None:
+    d = decision(USER_ERR, attempt=3, history=[PastAttempt(2, "hang", "hang", 5)])
+    assert d.action == "stop" and "restart limit reached (3 of --max-restarts=3)" in d.reason
+
+
+def test_same_user_error_twice_stops() -> None:
+    first = classify(USER_ERR)
+    d = decision(USER_ERR, attempt=1, step=20,
+                 history=[PastAttempt(0, first.kind, first.signature, 10)])
+    assert d.action == "stop" and "the same error ended attempts 0 and 1" in d.reason
+
+
+def test_no_checkpoint_progress_stops() -> None:
+    d = decision(Evidence(exit_code=0, exit_signal=9, supervisor_events=("hang",)), attempt=1,
+                 step=10, history=[PastAttempt(0, "user_error", "exit:1:0:x", 10)])
+    assert d.action == "stop" and "no checkpoint progress in the last 2 attempts" in d.reason
+
+
+def test_progress_keeps_retrying() -> None:
+    d = decision(Evidence(exit_code=0, exit_signal=9, supervisor_events=("hang",)), attempt=1,
+                 step=20, history=[PastAttempt(0, "user_error", "exit:1:0:x", 10)])
+    assert d.requeue
+
+
+def test_hardware_faults_do_not_count_against_progress_and_exclude_the_node() -> None:
+    d = decision(Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",)),
+                 attempt=1, step=10, history=[PastAttempt(0, "hardware", "gpu_fault", 10)])
+    assert d.requeue and d.exclude_nodes == ["n1"]
+
+
+def test_no_requeue_and_cancel_and_cuda_oom_stop() -> None:
+    assert decision(USER_ERR, no_requeue=True).action == "stop"
+    assert decision(Evidence(exit_code=0, exit_signal=15, slurm_state="CANCELLED")).action \
+        == "stop"
+    oom = decision(Evidence(exit_code=1, output_tail="CUDA out of memory\n"))
+    assert oom.action == "stop" and "a retry would fail the same way" in oom.reason

@@ -1,0 +1,161 @@
+"""The supervisor's decisions, driven tick by tick with a fake clock on real files."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from wrapper.config import SupervisorConfig
+from wrapper.jobrecord import JobRecord
+from wrapper.state import USER_EVENTS, JobState
+from wrapper.supervisor.monitor import Supervisor
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def write_ckpt(directory: Path, step: int, mtime: float) -> None:
+    import os
+
+    path = directory / f"epoch=0-step={step}.ckpt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("state.json", json.dumps({"step": step}))
+    os.utime(path, (mtime, mtime))
+
+
+def make(tmp_path: Path, *, hang: float | None = 30, time_limit: float | None = None,
+         asked_signal: bool = False, faults: list[str] | None = None):  # type: ignore[no-untyped-def]
+    state = JobState(tmp_path / "state", "77")
+    state.prepare(None, None)
+    (state.path / USER_EVENTS).write_text("")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    out = tmp_path / "job.out"
+    out.write_text("")
+    clock = Clock()
+    record = JobRecord(job_id="77", user="u", uid=1, gid=1, nodes=["n1"], gpus=[0],
+                       work_dir=str(tmp_path), stdout=str(out), stderr=str(out),
+                       time_limit_s=time_limit, start_time=clock.now, asked_signal=asked_signal,
+                       options={"checkpoint_dir": str(ckpt),
+                                "hang_timeout": hang})
+    calls: dict[str, list[str]] = {"end": [], "signal": []}
+    slurm_state = {"value": "RUNNING"}
+    sup = Supervisor(record, state, SupervisorConfig(settle_seconds=5), attempt=0,
+                     job_state=lambda: slurm_state["value"],
+                     end_job=calls["end"].append, signal_job=calls["signal"].append,
+                     gpu_faults=(lambda: list(faults)) if faults is not None else None,
+                     clock=clock)
+    return sup, state, clock, ckpt, out, calls, slurm_state
+
+
+def events(state: JobState) -> list[str]:
+    return [e["event"] for e in state.events()]
+
+
+def test_checkpoints_are_progress(tmp_path: Path) -> None:
+    sup, state, clock, ckpt, _out, calls, _ = make(tmp_path)
+    write_ckpt(ckpt, 1, clock.now - 60)
+    sup.tick()
+    clock.now += 20
+    write_ckpt(ckpt, 2, clock.now - 6)
+    sup.tick()
+    clock.now += 20  # 40 s since the first checkpoint, 20 since the second: no hang
+    sup.tick()
+    found = [e for e in state.events() if e["event"] == "checkpoint"]
+    assert [e["step"] for e in found] == [1, 2]
+    assert calls["end"] == []
+
+
+def test_a_checkpoint_still_being_written_is_not_progress(tmp_path: Path) -> None:
+    sup, state, clock, ckpt, _out, _calls, _ = make(tmp_path)
+    write_ckpt(ckpt, 1, clock.now - 1)  # modified 1 s ago, settle is 5 s
+    sup.tick()
+    assert "checkpoint" not in events(state)
+
+
+def test_hang_ends_the_job_once(tmp_path: Path) -> None:
+    sup, state, clock, _ckpt, out, calls, _ = make(tmp_path, hang=30)
+    sup.tick()
+    clock.now += 20
+    out.write_text("step 1\n")  # output is progress too
+    sup.tick()
+    clock.now += 25
+    sup.tick()
+    assert calls["end"] == []
+    clock.now += 10  # 35 s without output or checkpoint
+    sup.tick()
+    sup.tick()
+    assert calls["end"] == ["hang"]
+    hang = [e for e in state.events() if e["event"] == "hang"]
+    assert len(hang) == 1 and hang[0]["idle_s"] >= 30 and hang[0]["source"] == "user"
+
+
+def test_no_hang_timeout_means_no_hang(tmp_path: Path) -> None:
+    sup, state, clock, *_ = make(tmp_path, hang=None)
+    clock.now += 10_000
+    sup.tick()
+    assert "hang" not in events(state)
+
+
+def test_walltime_signal_before_the_limit(tmp_path: Path) -> None:
+    sup, state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=None, time_limit=3600)
+    clock.now += 3000
+    sup.tick()
+    assert calls["signal"] == []
+    clock.now += 400  # 200 s left < 300 s lead
+    sup.tick()
+    sup.tick()
+    assert calls["signal"] == ["USR1"]
+    assert events(state).count("walltime.signal") == 1
+
+
+def test_no_walltime_signal_when_the_job_asked_for_one(tmp_path: Path) -> None:
+    sup, _state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=None, time_limit=600,
+                                                       asked_signal=True)
+    clock.now += 590
+    sup.tick()
+    assert calls["signal"] == []
+
+
+def test_gpu_fault_ends_the_job(tmp_path: Path) -> None:
+    faults: list[str] = []
+    sup, state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=None, faults=faults)
+    sup.tick()
+    faults.append("xid 79 on gpu 0")
+    clock.now += 11
+    sup.tick()
+    assert calls["end"] == ["gpu.fault"]
+    assert [e["reason"] for e in state.events() if e["event"] == "gpu.fault"] == \
+        ["xid 79 on gpu 0"]
+
+
+def test_ends_when_the_job_leaves_running(tmp_path: Path) -> None:
+    sup, state, clock, _ckpt, _out, _calls, slurm_state = make(tmp_path)
+    sup.tick()
+    assert not sup.finished
+    slurm_state["value"] = "COMPLETING"
+    clock.now += 11
+    sup.tick()
+    assert sup.finished
+    assert events(state)[-1] == "supervisor.end"
+
+
+def test_run_loop_with_fake_sleep(tmp_path: Path) -> None:
+    sup, state, clock, _ckpt, _out, _calls, slurm_state = make(tmp_path)
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock.now += seconds
+        if len(sleeps) == 6:
+            slurm_state["value"] = ""
+
+    sup.run(sleep=sleep)
+    assert events(state)[0] == "supervisor.start" and events(state)[-1] == "supervisor.end"
+    assert all(s == 2.0 for s in sleeps)

@@ -1,0 +1,134 @@
+"""Why did an attempt end? One class per outcome, from everything the epilog can see.
+
+Evidence, strongest first: Slurm's own verdict (NODE_FAIL, TIMEOUT, PREEMPTED,
+OUT_OF_MEMORY, CANCELLED), what jobwrap itself saw (the supervisor's hang and GPU-fault
+events, the post-job GPU check), signatures in the tail of the job's output, then the
+exit status. A pure function, so that the table below is what is tested.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# Classes, and whether a retry can help at all (the policy decides whether it will).
+SUCCESS = "success"
+HARDWARE = "hardware"
+NODE_FAILURE = "node_failure"
+HANG = "hang"
+NCCL_TIMEOUT = "nccl_timeout"
+CUDA_OOM = "cuda_oom"
+HOST_OOM = "host_oom"
+WALLTIME = "walltime"
+PREEMPTED = "preempted"
+CANCELLED = "cancelled"
+USER_ERROR = "user_error"
+
+RETRYABLE = {HARDWARE, NODE_FAILURE, HANG, NCCL_TIMEOUT, WALLTIME, PREEMPTED, HOST_OOM,
+             USER_ERROR}
+# Classes that are no fault of the job: they do not count against its progress.
+NOT_THE_JOBS_FAULT = {HARDWARE, NODE_FAILURE, PREEMPTED}
+
+# (class, pattern) in order: the first match wins. Patterns are what the tools print.
+SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (HARDWARE, re.compile(r"\bXid\b.*?\b(48|63|64|74|79|92|94|95|119|120)\b|"
+                          r"GPU has fallen off the bus|uncorrectable ECC error|"
+                          r"CUDA error: (an illegal memory access|unspecified launch failure"
+                          r"|uncorrectable ECC)|cudaErrorECCUncorrectable", re.I)),
+    (NCCL_TIMEOUT, re.compile(r"NCCL.*(timeout|timed out|Watchdog caught collective)|"
+                              r"ProcessGroupNCCL.*(Timeout|timed out)|"
+                              r"NCCL error.*(remote process exited|unhandled system error)",
+                              re.I)),
+    (CUDA_OOM, re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|"
+                          r"cudaErrorMemoryAllocation|RESOURCE_EXHAUSTED: Out of memory",
+                          re.I)),
+    (HOST_OOM, re.compile(r"oom-kill|Out of memory: Killed process|"
+                          r"oom_kill_process|MemoryError\b")),
+)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    slurm_state: str = ""  # FAILED, TIMEOUT, NODE_FAIL, ... (without COMPLETING)
+    supervisor_events: tuple[str, ...] = ()  # "hang", "gpu.fault", "walltime.signal", ...
+    gpu_check_failed: bool = False  # the post-job GPU check on this node failed
+    output_tail: str = ""
+
+
+@dataclass(frozen=True)
+class Classification:
+    kind: str
+    detail: str
+    signature: str = ""  # what identifies "the same error again"
+    evidence: list[str] = field(default_factory=list)
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE
+
+
+def classify(ev: Evidence) -> Classification:
+    state = ev.slurm_state.upper()
+    signal_note = f" (signal {ev.exit_signal})" if ev.exit_signal else ""
+    if state == "NODE_FAIL":
+        return Classification(NODE_FAILURE, "Slurm reported NODE_FAIL", "node_fail")
+    if state == "PREEMPTED":
+        return Classification(PREEMPTED, "preempted by Slurm", "preempted")
+    if "gpu.fault" in ev.supervisor_events or ev.gpu_check_failed:
+        why = "the supervisor saw a GPU fault" if "gpu.fault" in ev.supervisor_events \
+            else "the post-job GPU check failed"
+        return Classification(HARDWARE, why, "gpu_fault")
+    if "hang" in ev.supervisor_events:
+        return Classification(HANG, "no progress and no output for the hang timeout; "
+                              "jobwrap ended the job", "hang")
+    if state == "TIMEOUT":
+        return Classification(WALLTIME, "reached its time limit", "walltime")
+    if state == "OUT_OF_MEMORY":
+        return Classification(HOST_OOM, "Slurm reported OUT_OF_MEMORY", "host_oom")
+    if state in ("COMPLETED",) or (ev.exit_code == 0 and not ev.exit_signal and
+                                   state not in ("CANCELLED", "FAILED")):
+        return Classification(SUCCESS, "exit 0", "")
+    if state == "CANCELLED":
+        return Classification(CANCELLED, "cancelled (scancel)", "cancelled")
+    for kind, pattern in SIGNATURES:
+        match = _last_match(pattern, ev.output_tail)
+        if match:
+            line = _line_of(ev.output_tail, match)
+            return Classification(kind, f"output says: {line}", f"{kind}:{_normalise(line)}")
+    last = _last_error_line(ev.output_tail)
+    code = ev.exit_code if ev.exit_code is not None else -1
+    detail = f"exit {code}{signal_note}" + (f"; last error: {last}" if last else "")
+    return Classification(USER_ERROR, detail,
+                          f"exit:{code}:{ev.exit_signal or 0}:{_normalise(last)}")
+
+
+def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    found = None
+    for found in pattern.finditer(text):  # noqa: B007 - we want the last one
+        pass
+    return found
+
+
+def _line_of(text: str, match: re.Match[str]) -> str:
+    start = text.rfind("\n", 0, match.start()) + 1
+    end = text.find("\n", match.end())
+    return text[start:end if end >= 0 else len(text)].strip()[:200]
+
+
+_ERROR_LINE = re.compile(r"^(\w+(\.\w+)*(Error|Exception)\b.*|error:.*|Error:.*|"
+                         r"Segmentation fault.*|Killed.*)$", re.M)
+
+
+def _last_error_line(text: str) -> str:
+    match = _last_match(_ERROR_LINE, text)
+    return match.group(0).strip()[:200] if match else ""
+
+
+_VOLATILE = re.compile(r"0x[0-9a-f]+|\d+(\.\d+)?|'[^']*'|\"[^\"]*\"", re.I)
+
+
+def _normalise(line: str) -> str:
+    """Strip numbers, addresses and quoted values: the same error compares equal."""
+    return _VOLATILE.sub("#", line)[:160]

@@ -1,0 +1,114 @@
+"""What jobwrap knows of a job, gathered once by the prolog and kept in its state.
+
+``job.json`` in the per-job state: the job's user, nodes, GPUs, output files, limits and
+its ``#JOBWRAP`` options. The supervisor, the task-prolog and the epilog read it instead
+of asking Slurm again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from wrapper.directives import JobOptions, parse_script
+from wrapper.errors import JobwrapError, UserInputError
+from wrapper.slurm import SlurmBackend
+from wrapper.slurm.context import JobContext
+from wrapper.state import JobState
+
+RECORD = "job.json"
+_SIGNAL_DIRECTIVE = re.compile(r"^#SBATCH\b.*--signal[= ]", re.M)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    user: str
+    uid: int
+    gid: int
+    nodes: list[str]
+    gpus: list[int]
+    work_dir: str
+    stdout: str = ""
+    stderr: str = ""
+    time_limit_s: float | None = None  # None: unlimited
+    start_time: float | None = None
+    asked_signal: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    options_error: str = ""
+
+    @property
+    def job_options(self) -> JobOptions:
+        return JobOptions.from_dict(self.options)
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        directory = self.job_options.checkpoint_dir
+        if not directory:
+            return None
+        return directory if os.path.isabs(directory) else os.path.join(self.work_dir, directory)
+
+    @property
+    def first_node(self) -> str:
+        return self.nodes[0] if self.nodes else ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobRecord:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def gather(ctx: JobContext, backend: SlurmBackend) -> JobRecord:
+    """Ask Slurm for what the hook environment lacks: the script, output paths, limits."""
+    info = backend.job_info(ctx.job_id)
+    script = backend.batch_script(ctx.job_id)
+    options, error = JobOptions(), ""
+    try:
+        options = parse_script(script)
+    except UserInputError as exc:
+        error = str(exc)
+    return JobRecord(
+        job_id=ctx.job_id, user=ctx.user, uid=ctx.uid if ctx.uid is not None else -1,
+        gid=ctx.gid if ctx.gid is not None else -1, nodes=ctx.nodes, gpus=ctx.gpus,
+        work_dir=info.get("WorkDir") or ctx.work_dir, stdout=info.get("StdOut", ""),
+        stderr=info.get("StdErr", ""), time_limit_s=parse_time_limit(info.get("TimeLimit", "")),
+        start_time=parse_slurm_time(info.get("StartTime", "")),
+        asked_signal=bool(_SIGNAL_DIRECTIVE.search(script)), options=options.as_dict(),
+        options_error=error,
+    )
+
+
+def load(state: JobState) -> JobRecord:
+    data = state.read_json(RECORD)
+    if data is None:
+        raise JobwrapError(f"{state.path / RECORD} is missing or unreadable (the prolog "
+                           "writes it; did it run?)")
+    return JobRecord.from_dict(data)
+
+
+def parse_time_limit(text: str) -> float | None:
+    """Slurm's TimeLimit (``UNLIMITED``, ``30:00``, ``1-02:00:00``) in seconds."""
+    from wrapper.directives import parse_duration
+
+    text = text.strip()
+    if not text or text.upper() in ("UNLIMITED", "INFINITE", "NONE", "PARTITION_LIMIT"):
+        return None
+    if ":" in text and "-" not in text and text.count(":") == 1:
+        text = "00:" + text  # MM:SS
+    try:
+        return parse_duration(text)
+    except ValueError:
+        return None
+
+
+def parse_slurm_time(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None

@@ -1,0 +1,42 @@
+"""``jobwrap release JOBID``: make a requeued job eligible as soon as Slurm allows.
+
+Slurm holds a requeued job for a fixed 121 s, and a StartTime set while the job is
+still COMPLETING is overwritten by that delay. So this waits (detached from the
+epilog) until the job is PENDING, then a little more, since slurmd refuses to launch a
+job within the second its previous credential was revoked, and releases it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from wrapper import log
+from wrapper.config import Config
+from wrapper.errors import JobwrapError
+
+
+def release(job_id: str, cfg: Config, exclude: list[str], *, timeout: float = 120,
+            sleep: Callable[[float], None] = time.sleep) -> bool:
+    from wrapper import slurm
+
+    backend = slurm.backend(cfg.slurm)
+    logger = log.get()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            current = backend.job_state(job_id)
+        except JobwrapError as exc:
+            logger.warning("release.slurm_unreachable", error=str(exc))
+            current = ""
+        if current == "PENDING":
+            sleep(cfg.restart.release_delay)
+            backend.release_now(job_id, exclude)
+            logger.info("release.done", job_id=job_id, exclude=exclude)
+            return True
+        if current not in ("COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", ""):
+            logger.info("release.not_pending", job_id=job_id, state=current)
+            return False
+        sleep(0.2)
+    logger.warning("release.timeout", job_id=job_id)
+    return False

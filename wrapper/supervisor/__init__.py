@@ -1,0 +1,1 @@
+"""The per-job supervisor: started by the prolog, follows the job until it ends."""

@@ -1,0 +1,94 @@
+"""Start and run the supervisor of one job attempt.
+
+The prolog starts it on the job's first node: as the ``jobwrap-supervisor@JOBID``
+systemd unit where systemd runs and the unit is installed, otherwise as a detached
+process (double fork, new session, no inherited descriptors) that neither slurmd's wait
+on the prolog nor the job's process tracking holds on to. Either way ``supervise``
+drops to the job user's rights before it looks at anything.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from wrapper import log
+from wrapper.config import Config
+from wrapper.errors import JobwrapError
+from wrapper.runner import Runner
+from wrapper.state import JobState
+
+UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
+SUPERVISOR_LOG = "supervisor.log"
+
+
+def systemd_unit_available() -> bool:
+    return Path("/run/systemd/system").is_dir() and any(
+        Path(d, "jobwrap-supervisor@.service").exists() for d in UNIT_DIRS)
+
+
+def start(job_id: str, cfg: Config) -> str:
+    """Start the supervisor of ``job_id``; returns how ("systemd" or "detached:PID")."""
+    if systemd_unit_available():
+        Runner().run(["systemctl", "start", "--no-block",
+                      f"jobwrap-supervisor@{job_id}.service"], timeout=10)
+        return "systemd"
+    from wrapper import detach
+
+    argv = [sys.executable, "-m", "wrapper", "supervise", job_id]
+    return f"detached:{detach.spawn(argv, detach.hook_env(cfg.source))}"
+
+
+def supervise(job_id: str, cfg: Config) -> int:
+    """The ``jobwrap supervise JOBID`` verb: drop rights, then follow the attempt."""
+    from wrapper import jobrecord, slurm
+    from wrapper.privileges import UserIds
+    from wrapper.supervisor.monitor import Supervisor
+
+    state = JobState(Path(cfg.paths.state_dir), job_id)
+    record = jobrecord.load(state)
+    if os.geteuid() == 0:
+        if record.uid <= 0:
+            raise JobwrapError(f"job {job_id}: no job user recorded; refusing to supervise "
+                               "as root")
+        user = UserIds.of(record.uid, record.gid)
+        os.setgroups(os.getgrouplist(user.name, user.gid))
+        os.setgid(user.gid)
+        os.setuid(user.uid)
+    log_path = state.path / SUPERVISOR_LOG
+    log.configure(file=str(log_path), level=cfg.log.level, stderr_format="json")
+    attempt = _current_attempt(state)
+    log.bind(hook="supervisor", job_id=job_id, node=record.first_node, attempt=attempt)
+    backend = slurm.backend(cfg.slurm)
+
+    def end_job(why: str) -> None:
+        backend.signal_job(job_id, "KILL", full=True)
+
+    def signal_job(sig: str) -> None:
+        backend.signal_job(job_id, sig)
+
+    def job_state() -> str:
+        try:
+            return backend.job_state(job_id)
+        except JobwrapError as exc:
+            log.get().warning("supervisor.slurm_unreachable", error=str(exc))
+            return "RUNNING"  # keep watching; Slurm may be back on the next look
+
+    supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
+                            job_state=job_state, end_job=end_job, signal_job=signal_job,
+                            gpu_faults=_gpu_fault_reader(cfg, record))
+    supervisor.run()
+    return 0
+
+
+def _current_attempt(state: JobState) -> int:
+    attempts = [e.get("attempt", 0) for e in state.events()
+                if e.get("event") == "prolog.context"]
+    return int(max(attempts)) if attempts else 0
+
+
+def _gpu_fault_reader(cfg: Config, record: object) -> Callable[[], list[str]] | None:
+    """GPU faults on the job's GPUs, through the same probe as the health checks."""
+    return None

@@ -1,0 +1,145 @@
+"""The per-job supervisor: follows one attempt of a job until it ends.
+
+It runs with the job user's rights (it reads the user's checkpoints and output, and it
+may end the user's job, nothing more) and records what it sees as events in the job's
+user-writable event file: new checkpoints and their steps (progress), a hang (no new
+checkpoint and no output for the hang timeout: it ends the job so that it can be
+requeued), GPU faults on the job's GPUs (it ends the job; the root epilog drains the
+node after its own check), and the walltime (it sends the job's steps a checkpoint
+signal before the limit when the job did not ask for one). Each tick costs a few
+``stat`` calls and one directory listing; Slurm is asked far less often.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from wrapper import log
+from wrapper.config import SupervisorConfig
+from wrapper.jobrecord import JobRecord
+from wrapper.state import JobState
+
+RUNNING = {"RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED"}
+
+
+@dataclass
+class Seen:
+    checkpoint: str | None = None
+    step: int | None = None
+    output_size: int = -1
+    last_progress: float = 0.0
+    signalled: bool = False
+    ended_by_us: str = ""
+    faults: set[str] = field(default_factory=set)
+
+
+class Supervisor:
+    """One attempt's supervisor. ``tick`` is a plain method: tests drive it with a fake clock."""
+
+    def __init__(self, record: JobRecord, state: JobState, cfg: SupervisorConfig, *,
+                 attempt: int, job_state: Callable[[], str],
+                 end_job: Callable[[str], None], signal_job: Callable[[str], None],
+                 gpu_faults: Callable[[], list[str]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.record = record
+        self.state = state
+        self.cfg = cfg
+        self.attempt = attempt
+        self.job_state = job_state
+        self.end_job = end_job
+        self.signal_job = signal_job
+        self.gpu_faults = gpu_faults
+        self.clock = clock
+        options = record.job_options
+        self.hang_timeout = options.hang_timeout or cfg.hang_timeout
+        self.seen = Seen(last_progress=clock())
+        self._next_slurm = 0.0
+        self._next_gpu = 0.0
+        self.finished = False
+        self.logger = log.get()
+
+    def event(self, name: str, **data: object) -> None:
+        self.state.append(name, as_user=True, attempt=self.attempt, hook="supervisor",
+                          **data)
+
+    def tick(self) -> None:
+        now = self.clock()
+        self._look_at_checkpoints(now)
+        self._look_at_output(now)
+        if self.hang_timeout and not self.seen.ended_by_us and \
+                now - self.seen.last_progress >= self.hang_timeout:
+            idle = now - self.seen.last_progress
+            self.event("hang", idle_s=round(idle, 1), hang_timeout_s=self.hang_timeout,
+                       last_checkpoint=self.seen.checkpoint)
+            self._end("hang")
+        if self.gpu_faults is not None and now >= self._next_gpu:
+            self._next_gpu = now + self.cfg.gpu_interval
+            for fault in self.gpu_faults():
+                if fault not in self.seen.faults:
+                    self.seen.faults.add(fault)
+                    self.event("gpu.fault", reason=fault)
+                    self._end("gpu.fault")
+        self._walltime(now)
+        if now >= self._next_slurm:
+            self._next_slurm = now + self.cfg.slurm_interval
+            current = self.job_state()
+            if current not in RUNNING:
+                self.event("supervisor.end", job_state=current or "gone",
+                           last_checkpoint=self.seen.checkpoint, step=self.seen.step)
+                self.finished = True
+
+    def run(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.event("supervisor.start", pid=os.getpid(), hang_timeout_s=self.hang_timeout,
+                   checkpoint_dir=self.record.checkpoint_dir)
+        while not self.finished:
+            self.tick()
+            if not self.finished:
+                sleep(self.cfg.interval)
+
+    # -- what it looks at ----------------------------------------------------------------
+    def _look_at_checkpoints(self, now: float) -> None:
+        directory = self.record.checkpoint_dir
+        if not directory:
+            return
+        from wrapper.checkpoints import latest_valid
+
+        options = self.record.job_options
+        found = latest_valid(directory, glob=options.checkpoint_glob,
+                             marker=options.checkpoint_marker,
+                             settle_seconds=self.cfg.settle_seconds, now=now).latest
+        if found is not None and found.path != self.seen.checkpoint:
+            self.seen.checkpoint, self.seen.step = found.path, found.step
+            self.seen.last_progress = now
+            self.event("checkpoint", path=found.path, step=found.step, layout=found.layout)
+
+    def _look_at_output(self, now: float) -> None:
+        size = 0
+        for path in {self.record.stdout, self.record.stderr} - {""}:
+            try:
+                size += os.stat(path).st_size
+            except OSError:
+                continue
+        if size != self.seen.output_size:
+            if self.seen.output_size >= 0:
+                self.seen.last_progress = now
+            self.seen.output_size = size
+
+    def _walltime(self, now: float) -> None:
+        limit, start = self.record.time_limit_s, self.record.start_time
+        if self.seen.signalled or self.record.asked_signal or not limit or not start:
+            return
+        if now >= start + limit - self.cfg.walltime_lead:
+            self.seen.signalled = True
+            self.signal_job(self.cfg.walltime_signal)
+            self.event("walltime.signal", signal=self.cfg.walltime_signal,
+                       seconds_left=round(start + limit - now))
+
+    def _end(self, why: str) -> None:
+        if self.seen.ended_by_us:
+            return
+        self.seen.ended_by_us = why
+        self.logger.warning("supervisor.ending_job", why=why)
+        self.end_job(why)
