@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from tests.bench import prolog_overhead
+from tests.bench import ckpt_latest, prolog_overhead, restart
 
 BENCHMARKS = {
     "prolog-overhead": prolog_overhead.main,
+    "ckpt-latest": ckpt_latest.main,
+    "restart-requeue": restart.requeue_main,
+    "restart-inplace": restart.inplace_main,
+    "supervisor-cpu": restart.supervisor_cpu_main,
 }
 
 

@@ -32,6 +32,9 @@ def alternate(subject: Callable[[], float], anchor: Callable[[], float],
 
 
 def verdict(name: str, key: str, value: float, op: str, goal: float) -> int:
-    ok = value <= goal if op == "<=" else value >= goal
+    import operator
+
+    compare = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}[op]
+    ok = compare(value, goal)
     print(f"{name} {key}={value:.2f} goal{op}{goal:g}")
     return 0 if ok else 1
