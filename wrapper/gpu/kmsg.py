@@ -1,0 +1,95 @@
+"""Recent Xid events from the kernel log (/dev/kmsg), where the NVIDIA driver reports them.
+
+Why the kernel log and not NVML's event API: NVML delivers an Xid event only to a
+process that registered for it before the event happened (nvmlDeviceRegisterEvents +
+nvmlEventSetWait), so a probe that lives for the second of a prolog would see nothing.
+The driver writes every Xid to the kernel ring buffer as
+``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.``, which root can
+read back at any time from /dev/kmsg with a timestamp in microseconds since boot; we keep
+those of the last ``[gpu] xid_window`` seconds. (A long-lived watcher such as the
+supervisor can use the event API instead.)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from collections.abc import Iterator
+
+# The address is domain:bus:device, with or without a "PCI:" tag and a function.
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})"
+                  r"(?:\.[0-7])?\): (\d+)")
+
+
+def device_key(pci_bus_id: str) -> str:
+    """``0000:3b:00.0`` -> ``0000:3b:00``: the part of a PCI address the Xid lines carry."""
+    domain, bus, rest = pci_bus_id.lower().split(":")
+    return f"{int(domain, 16):04x}:{bus}:{rest.split('.')[0]}"
+
+
+def parse_record(line: str) -> tuple[float, str] | None:
+    """A /dev/kmsg record ``prio,seq,usec,flags[,...];message`` -> (seconds since boot,
+    message); None for continuation lines and anything else."""
+    head, sep, message = line.partition(";")
+    if not sep:
+        return None
+    parts = head.split(",")
+    if len(parts) < 3 or not parts[2].isdigit():
+        return None
+    return int(parts[2]) / 1e6, message
+
+
+def parse_xid(message: str) -> tuple[str, int] | None:
+    """``NVRM: Xid (PCI:0000:3b:00): 79, ...`` -> (``0000:3b:00``, 79)."""
+    match = _XID.search(message)
+    if not match:
+        return None
+    domain, bus, device, code = match.groups()
+    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}", int(code)
+
+
+def read_records(path: str) -> Iterator[str]:
+    """The records of /dev/kmsg (one per read), or the lines of a file in that format."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    pending = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break  # /dev/kmsg: no more records
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue  # records were overwritten while we read; go on from the next
+                raise
+            if not chunk:
+                break  # a regular file: its end
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    if pending:
+        yield pending.decode("utf-8", "replace")
+
+
+def recent_xids(path: str, window: float, *, now: float | None = None) -> dict[str, list[int]]:
+    """Xids of the last ``window`` seconds by device key (see :func:`device_key`), each
+    code once, in the order first seen. ``now`` is seconds since boot (CLOCK_MONOTONIC,
+    the clock the kernel log's timestamps follow). Raises OSError if ``path`` cannot be
+    read."""
+    since = (time.monotonic() if now is None else now) - window
+    found: dict[str, list[int]] = {}
+    for line in read_records(path):
+        record = parse_record(line)
+        if record is None or record[0] < since:
+            continue
+        xid = parse_xid(record[1])
+        if xid is not None:
+            codes = found.setdefault(xid[0], [])
+            if xid[1] not in codes:
+                codes.append(xid[1])
+    return found
