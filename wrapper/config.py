@@ -2,20 +2,19 @@
 
 Load order: defaults, then the file (``--config``, else ``$JOBWRAP_CONFIG``, else
 ``/etc/jobwrap/config.toml`` when it exists). Every problem in a file is reported at
-once, each naming the key and what was expected. The schema is hand-written dataclasses
-rather than a validation library because the prolog loads it on the start path of
-every job, where an import of pydantic alone would cost more than the whole budget.
+once, each naming the key and what was expected. The schema is a small hand-written
+declaration (one ``_opt`` per key) rather than a validation library or dataclasses,
+because the prolog loads it on the start path of every job: pydantic's import alone
+would cost more than the prolog's whole budget, and dataclasses' generated methods for
+~90 keys cost a tenth of it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from wrapper.errors import ConfigError
 
@@ -29,13 +28,62 @@ def _opt(default: Any, doc: str, *, choices: tuple[str, ...] = (), absolute: boo
 
     Supported types: str, int, float, bool and tuple[str, ...] (a TOML array of strings).
     """
-    meta = {"doc": doc, "choices": choices, "absolute": absolute, "positive": positive,
-            "non_negative": non_negative}
-    return field(default=default, metadata=meta)
+    return Opt(default, doc, choices, absolute, positive, non_negative)
 
 
-@dataclass(frozen=True)
-class PathsConfig:
+class Opt:
+    """The declaration of one key; the class attribute a section's instances shadow."""
+
+    __slots__ = ("absolute", "choices", "default", "doc", "name", "non_negative", "positive",
+                 "type")
+
+    def __init__(self, default: Any, doc: str, choices: tuple[str, ...], absolute: bool,
+                 positive: bool, non_negative: bool) -> None:
+        self.default, self.doc, self.choices = default, doc, choices
+        self.absolute, self.positive, self.non_negative = absolute, positive, non_negative
+        self.name = self.type = ""
+
+
+class Section:
+    """A read-only group of keys ([paths], [log], ...), declared with ``_opt``."""
+
+    _fields: ClassVar[dict[str, Opt]] = {}
+
+    def __init_subclass__(cls) -> None:
+        annotations = cls.__dict__.get("__annotations__", {})
+        cls._fields = {}
+        for name, value in list(vars(cls).items()):
+            if isinstance(value, Opt):
+                value.name, value.type = name, str(annotations.get(name, "str"))
+                cls._fields[name] = value
+
+    def __init__(self, **values: Any) -> None:
+        unknown = set(values) - set(self._fields)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no key {', '.join(sorted(unknown))}")
+        data = {name: values.get(name, opt.default) for name, opt in self._fields.items()}
+        object.__setattr__(self, "__dict__", data)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"configuration is read-only ({type(self).__name__}.{name})")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({vars(self)!r})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def replace(self, **values: Any) -> Any:
+        """A copy with some keys changed (what dataclasses.replace was for)."""
+        return type(self)(**{**vars(self), **values})
+
+
+class PathsConfig(Section):
     state_dir: str = _opt("/var/lib/jobwrap", "Per-job state (events) and node state; "
                           "node-local, owned by root.", absolute=True)
     scratch_root: str = _opt("/local/jobwrap", "Node-local scratch; each job gets "
@@ -48,8 +96,7 @@ class PathsConfig:
                              absolute=True)
 
 
-@dataclass(frozen=True)
-class LogConfig:
+class LogConfig(Section):
     file: str = _opt("/var/log/jobwrap/jobwrap.log", "JSON-lines log file; empty to log "
                      "to stderr only. Hooks that run as the job user log to stderr.")
     level: str = _opt("info", "Least severe level written.",
@@ -60,8 +107,7 @@ class LogConfig:
                               choices=("auto", "console", "logfmt", "json"))
 
 
-@dataclass(frozen=True)
-class SlurmConfig:
+class SlurmConfig(Section):
     backend: str = _opt("auto", "cli: Slurm's commands; pyslurm: only where pyslurm matches "
                         "the running Slurm; auto: pyslurm when it matches, else cli.",
                         choices=("auto", "cli", "pyslurm"))
@@ -73,8 +119,7 @@ class SlurmConfig:
                                   positive=True)
 
 
-@dataclass(frozen=True)
-class HooksConfig:
+class HooksConfig(Section):
     on_internal_error: str = _opt("run", "When jobwrap itself fails inside a Slurm hook: "
                                   "run (log loudly, let the job run) or drain the node.",
                                   choices=("run", "drain"))
@@ -84,8 +129,7 @@ class HooksConfig:
                                 "PrologEpilogTimeout.", positive=True)
 
 
-@dataclass(frozen=True)
-class GpuConfig:
+class GpuConfig(Section):
     backend: str = _opt("nvml", "Where GPU readings come from: nvml (pynvml, production) or "
                         "fake (a TOML inventory, for tests and dry runs).",
                         choices=("nvml", "fake"))
@@ -101,8 +145,7 @@ class GpuConfig:
                              "recent.", positive=True)
 
 
-@dataclass(frozen=True)
-class ChecksConfig:
+class ChecksConfig(Section):
     prolog: bool = _opt(True, "Run the GPU and version checks in the prolog.")
     epilog: bool = _opt(True, "Run the post-job GPU checks in the epilog.")
     probe_budget: float = _opt(30.0, "Seconds the GPU probe may take to read every GPU; a "
@@ -174,8 +217,7 @@ class ChecksConfig:
                                       "check fails.", non_negative=True)
 
 
-@dataclass(frozen=True)
-class VersionsConfig:
+class VersionsConfig(Section):
     driver_min: str = _opt("", "Minimum NVIDIA driver version (empty: not checked).")
     driver_exact: str = _opt("", "The NVIDIA driver version every node must run, e.g. "
                              "\"550.54.15\" (empty: not checked).")
@@ -202,8 +244,7 @@ class VersionsConfig:
                                   positive=True)
 
 
-@dataclass(frozen=True)
-class SupervisorConfig:
+class SupervisorConfig(Section):
     enabled: bool = _opt(True, "Start a supervisor for each job on its first node.")
     interval: float = _opt(2.0, "Seconds between two looks at the job (checkpoints, output).",
                            positive=True)
@@ -221,8 +262,7 @@ class SupervisorConfig:
                                  "taken as still being written.", non_negative=True)
 
 
-@dataclass(frozen=True)
-class RestartConfig:
+class RestartConfig(Section):
     max_restarts: int = _opt(3, "Default for --max-restarts: requeues of one job at most.",
                              non_negative=True)
     no_progress_limit: int = _opt(2, "Stop requeueing after this many failed attempts in a "
@@ -234,19 +274,62 @@ class RestartConfig:
                                 "the old credential was revoked.", non_negative=True)
 
 
-@dataclass(frozen=True)
-class StagingConfig:
+class StagingConfig(Section):
     verify: str = _opt("size", "How a staged file is verified before the job sees it: size, "
                        "or sha256 (size and checksum).", choices=("size", "sha256"))
+    cache: bool = _opt(True, "Keep staged-in datasets in the node cache (paths.cache_root), "
+                       "so later jobs on the node re-stage them almost for free.")
+    cache_max_gib: float = _opt(100.0, "Size cap of the node cache in GiB; the least recently "
+                                "used datasets are evicted to stay under it, and a larger "
+                                "dataset is staged without the cache.", positive=True)
+    cache_key: str = _opt("stat", "What identifies a cached dataset: stat (its real path and "
+                          "every file's size, mode, mtime and ctime) or sha256 (every "
+                          "file's content; reads the whole source at every stage-in).",
+                          choices=("stat", "sha256"))
+    cache_link: str = _opt("hardlink", "How cached files reach a job's scratch: hardlink "
+                           "(instant; read-only files owned by root) or copy (the user's own "
+                           "writable copies). Across file systems hardlink copies.",
+                           choices=("hardlink", "copy"))
+    parallel_files: int = _opt(8, "Files copied at once (threads); small files are spread "
+                               "by folder, a large file is a task of its own.", positive=True)
+    free_space_margin_gib: float = _opt(1.0, "Local disk space in GiB a stage-in must leave "
+                                        "free; data that would leave less fails before "
+                                        "anything is copied.", non_negative=True)
+    zstd_command: str = _opt("zstd", "Path or name of zstd, which unpacks .tar.zst archives.")
 
 
-@dataclass(frozen=True)
-class ArchiveConfig:
+class ArchiveConfig(Section):
     enabled: bool = _opt(True, "Archive each job's logs and manifest at its end.")
+    budget: float = _opt(60.0, "Seconds the epilog may spend archiving on one node; what "
+                         "does not fit is recorded as partial or skipped (keep it inside "
+                         "[hooks] epilog_budget).", positive=True)
+    max_file_mb: int = _opt(1024, "A log larger than this many MiB keeps only its last "
+                            "max_file_mb MiB in the archive (marked truncated).", positive=True)
+    compression: str = _opt("fast", "gzip effort for archived files: fast (level 1), default "
+                            "(6) or best (9).", choices=("fast", "default", "best"))
+    hook_log_scan_mb: int = _opt(64, "MiB at the end of [log] file searched for the job's hook "
+                                 "log lines.", positive=True)
+    outputs: tuple[str, ...] = _opt((), "Further files of every job to archive from each of "
+                                    "its nodes, besides its stdout and stderr: Slurm filename "
+                                    "patterns (%j %x %u %N %n ...) relative to the job's work "
+                                    "dir, e.g. [\"%x-%j-%N.log\"]; read as the job's user.")
+    git_timeout: float = _opt(10.0, "Seconds each git command may take when the manifest "
+                              "records the commit of the job's work dir.", positive=True)
+    max_age_days: float = _opt(90.0, "jobwrap archive prune removes job archives last written "
+                               "more than this many days ago (0: never by age).",
+                               non_negative=True)
+    max_total_gb: float = _opt(0.0, "jobwrap archive prune removes the oldest job archives "
+                               "until all fit in this many GiB (0: no size limit).",
+                               non_negative=True)
+    access: str = _opt("group", "Who reads an archive besides root: group (the job user's "
+                       "primary group; folders 0750 root:GROUP, files 0640) or acl "
+                       "(admin_group, and the job user through a POSIX ACL: for sites whose "
+                       "users share a primary group).", choices=("group", "acl"))
+    admin_group: str = _opt("root", "With access = \"acl\": the group of the admins who read "
+                            "every archive.")
 
 
-@dataclass(frozen=True)
-class LoginGuardConfig:
+class LoginGuardConfig(Section):
     interval: float = _opt(10.0, "Seconds between two scans of the login node's processes.",
                            positive=True)
     min_uid: int = _opt(1000, "Accounts with a uid below this (system accounts) are never "
@@ -265,10 +348,10 @@ class LoginGuardConfig:
                                     "as a share of all the node's cores.", positive=True)
     protected_commands: tuple[str, ...] = _opt(
         ("sshd", "sshd-session", "sshd-auth", "sftp-server", "login", "su", "sudo",
-         "systemd", "(sd-pam)", "bash", "sh", "dash", "zsh", "ksh", "tcsh", "csh", "fish",
-         "tmux", "tmux: server", "screen", "SCREEN", "mosh-server"),
-        "Process names never signalled or reniced (login sessions and shells); their CPU "
-        "still counts.")
+         "systemd", "(sd-pam)", "bash", "sh", "dash", "zsh", "ksh", "tcsh", "csh", "bsd-csh",
+         "fish", "tmux", "tmux: server", "screen", "SCREEN", "mosh-server"),
+        "Process names never signalled or reniced (login sessions and shells) when their "
+        "program is a system one (owned and writable by root only); their CPU still counts.")
     cpu_share: float = _opt(0.1, "Share of all the node's cores (0.1 = 10%) one user may "
                             "use, sustained.", positive=True)
     cpu_window: float = _opt(300.0, "Seconds a user's CPU use must stay above cpu_share "
@@ -323,41 +406,70 @@ class LoginGuardConfig:
                        "Where to run the work instead; ends every message to a user.")
 
 
-@dataclass(frozen=True)
-class MetricsConfig:
-    textfile: str = _opt("", "node_exporter textfile to write (empty: no metrics).")
+class MetricsConfig(Section):
+    textfile: str = _opt("", "node_exporter textfile to write (empty: no metrics), e.g. "
+                         "\"/var/lib/prometheus/node-exporter/jobwrap.prom\": a *.prom file in "
+                         "node_exporter's --collector.textfile.directory. The hooks update it "
+                         "in place (wrapper/metrics.py lists the series).")
+    lock_timeout: float = _opt(2.0, "Seconds a hook waits for another's update of the "
+                               "textfile before it skips its own (with a warning in the log); "
+                               "metrics never hold up a job.", positive=True)
 
 
-@dataclass(frozen=True)
 class Config:
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    hooks: HooksConfig = field(default_factory=HooksConfig)
-    gpu: GpuConfig = field(default_factory=GpuConfig)
-    checks: ChecksConfig = field(default_factory=ChecksConfig)
-    versions: VersionsConfig = field(default_factory=VersionsConfig)
-    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
-    restart: RestartConfig = field(default_factory=RestartConfig)
-    staging: StagingConfig = field(default_factory=StagingConfig)
-    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
-    login_guard: LoginGuardConfig = field(default_factory=LoginGuardConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    source: str = field(default="(defaults)", compare=False)
+    """The whole effective configuration: one Section per table, and where it came from."""
+
+    paths: PathsConfig
+    log: LogConfig
+    slurm: SlurmConfig
+    hooks: HooksConfig
+    gpu: GpuConfig
+    checks: ChecksConfig
+    versions: VersionsConfig
+    supervisor: SupervisorConfig
+    restart: RestartConfig
+    staging: StagingConfig
+    archive: ArchiveConfig
+    login_guard: LoginGuardConfig
+    metrics: MetricsConfig
+    source: str
+
+    def __init__(self, source: str = "(defaults)", **sections: Any) -> None:
+        unknown = set(sections) - set(SECTIONS)
+        if unknown:
+            raise TypeError(f"Config has no section {', '.join(sorted(unknown))}")
+        for name, cls in SECTIONS.items():
+            object.__setattr__(self, name, sections.get(name) or cls())
+        object.__setattr__(self, "source", source)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"configuration is read-only (Config.{name})")
+
+    def __eq__(self, other: object) -> bool:  # where it came from does not count
+        return isinstance(other, Config) and self.as_dict() == other.as_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Config(source={self.source!r})"
+
+    def replace(self, **sections: Any) -> Config:
+        current = {name: getattr(self, name) for name in SECTIONS}
+        source = sections.pop("source", self.source)
+        return Config(source, **{**current, **sections})
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {
-            f.name: dataclasses.asdict(getattr(self, f.name))
-            for f in dataclasses.fields(self) if f.name != "source"
-        }
+        return {name: getattr(self, name).as_dict() for name in SECTIONS}
 
     def digest(self) -> str:
         """A stable hash of the effective settings, recorded in manifests."""
+        import hashlib
+
         blob = json.dumps(self.as_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type[Section]] = {
     "paths": PathsConfig, "log": LogConfig, "slurm": SlurmConfig, "hooks": HooksConfig,
     "gpu": GpuConfig, "checks": ChecksConfig, "versions": VersionsConfig,
     "supervisor": SupervisorConfig, "restart": RestartConfig, "staging": StagingConfig,
@@ -417,8 +529,8 @@ def parse(raw: bytes, path: str) -> Config:
     return Config(**sections, source=path)
 
 
-def _build_section(section: str, cls: type, values: dict[str, Any], problems: list[str]) -> Any:
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+def _build_section(section: str, cls: type[Section], values: dict[str, Any], problems: list[str]) -> Any:
+    fields = cls._fields
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         where = f"[{section}] {key}"
@@ -431,7 +543,7 @@ def _build_section(section: str, cls: type, values: dict[str, Any], problems: li
         if problem:
             problems.append(f"{where} = {_show(value)}: expected {problem}")
             continue
-        if spec.type in (float, "float"):
+        if spec.type == "float":
             value = float(value)
         elif isinstance(value, list):
             value = tuple(value)
@@ -439,9 +551,8 @@ def _build_section(section: str, cls: type, values: dict[str, Any], problems: li
     return cls(**kwargs)
 
 
-def _check_value(spec: dataclasses.Field[Any], value: Any) -> str | None:
-    type_name = spec.type if isinstance(spec.type, str) else spec.type.__name__
-    meta = spec.metadata
+def _check_value(spec: Opt, value: Any) -> str | None:
+    type_name = spec.type
     if type_name == "float":
         ok = isinstance(value, int | float) and not isinstance(value, bool)
     elif type_name == "int":
@@ -455,13 +566,13 @@ def _check_value(spec: dataclasses.Field[Any], value: Any) -> str | None:
         ok = isinstance(value, str)
     if not ok:
         return f"{_TYPE_NAMES.get(type_name, type_name)}, not {_describe(value)}"
-    if meta.get("choices") and value not in meta["choices"]:
-        return "one of " + ", ".join(repr(c) for c in meta["choices"])
-    if meta.get("absolute") and not os.path.isabs(value):
+    if spec.choices and value not in spec.choices:
+        return "one of " + ", ".join(repr(c) for c in spec.choices)
+    if spec.absolute and not os.path.isabs(value):
         return "an absolute path"
-    if meta.get("positive") and value <= 0:
+    if spec.positive and value <= 0:
         return "a number greater than 0"
-    if meta.get("non_negative") and value < 0:
+    if spec.non_negative and value < 0:
         return "a number of 0 or more"
     return None
 
@@ -480,8 +591,8 @@ def documented_defaults() -> list[tuple[str, str, Any, str]]:
     """(section, key, default, doc) for every key: the reference the README is built from."""
     rows = []
     for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            rows.append((section, f.name, f.default, f.metadata.get("doc", "")))
+        for f in cls._fields.values():
+            rows.append((section, f.name, f.default, f.doc))
     return rows
 
 

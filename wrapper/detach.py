@@ -12,7 +12,21 @@ from collections.abc import Mapping, Sequence
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str]) -> int:
-    """Start ``argv`` detached; returns its pid."""
+    """Start ``argv`` detached, in its own session; returns its pid.
+
+    posix_spawn (vfork and exec) costs a fraction of forking this interpreter. Every
+    descriptor Python opens is close-on-exec, so only 0-2 could leak: they are pointed
+    at /dev/null. The child outlives us and is adopted by init when we exit.
+    """
+    if hasattr(os, "posix_spawn"):
+        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
+                   (os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
+        return os.posix_spawn(argv[0], list(argv), dict(env), file_actions=actions,
+                              setsid=True)
+    return _double_fork(argv, env)
+
+
+def _double_fork(argv: Sequence[str], env: Mapping[str, str]) -> int:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -66,8 +67,42 @@ class JobRecord:
 
 def gather(ctx: JobContext, backend: SlurmBackend) -> JobRecord:
     """Ask Slurm for what the hook environment lacks: the script, output paths, limits."""
-    info = backend.job_info(ctx.job_id)
-    script = backend.batch_script(ctx.job_id)
+    return gather_in_background(ctx, backend)()
+
+
+def gather_in_background(ctx: JobContext, backend: SlurmBackend) -> Callable[[], JobRecord]:
+    """Start the two Slurm queries now, in threads; the returned call waits for them.
+
+    The prolog overlaps them with its GPU checks: each is a process start and a round
+    trip to slurmctld, the largest part of the prolog's own time.
+    """
+    import threading
+
+    results: dict[str, Any] = {}
+
+    def ask(name: str, call: Callable[[str], Any]) -> None:
+        try:
+            results[name] = call(ctx.job_id)
+        except BaseException as exc:  # re-raised in the caller's thread
+            results[name] = exc
+
+    threads = [threading.Thread(target=ask, args=("info", backend.job_info), daemon=True),
+               threading.Thread(target=ask, args=("script", backend.batch_script), daemon=True)]
+    for thread in threads:
+        thread.start()
+
+    def finish() -> JobRecord:
+        for thread in threads:
+            thread.join()
+        for value in results.values():
+            if isinstance(value, BaseException):
+                raise value
+        return _build(ctx, results["info"], results["script"])
+
+    return finish
+
+
+def _build(ctx: JobContext, info: dict[str, str], script: str) -> JobRecord:
     options, error = JobOptions(), ""
     try:
         options = parse_script(script)
@@ -108,7 +143,14 @@ def parse_time_limit(text: str) -> float | None:
 
 
 def parse_slurm_time(text: str) -> float | None:
+    """Slurm's local ``2026-12-02T16:30:42`` as a timestamp (None for ``Unknown``).
+
+    datetime, not time.strptime: strptime's first call imports locale machinery that
+    costs the prolog a tenth of its budget.
+    """
+    from datetime import datetime
+
     try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+        return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.bench import ckpt_latest, prolog_overhead, restart
+from tests.bench import ckpt_latest, guard, prolog_overhead, restart
 
 BENCHMARKS = {
     "prolog-overhead": prolog_overhead.main,
@@ -12,6 +12,8 @@ BENCHMARKS = {
     "restart-requeue": restart.requeue_main,
     "restart-inplace": restart.inplace_main,
     "supervisor-cpu": restart.supervisor_cpu_main,
+    "guard-scan": guard.scan_main,
+    "guard-cpu": guard.cpu_main,
 }
 
 

@@ -9,18 +9,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+from tests.bench.cluster import sandbox
 from tests.bench.timing import verdict
-from wrapper.sandbox.cluster import Cluster, Spec
+from wrapper.sandbox.cluster import Cluster
 
 STAMP = re.compile(r"^(\w+) ([\d.]+)$", re.M)
 
@@ -42,24 +40,6 @@ FRESH = """#!/bin/bash
 #SBATCH --output=fresh-%j.out
 python3 -c 'import time; print("start0", time.time(), flush=True)'
 """
-
-
-@contextlib.contextmanager
-def sandbox() -> Iterator[Cluster]:
-    import socket
-
-    ports = []
-    for _ in range(3):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
-    base = tempfile.mkdtemp(prefix="jobwrap-bench-", dir="/tmp")
-    cluster = Cluster(Spec(base=base, ctld_port=ports[0], node_ports=ports[1:]))
-    cluster.up(log=lambda msg: None)
-    try:
-        yield cluster
-    finally:
-        cluster.down()
 
 
 def _stamps(path: Path) -> dict[str, float]:

@@ -112,3 +112,46 @@ def test_supervisor_killed_mid_job_does_not_lose_recovery(cluster: Cluster,
     assert f"done sum {EXPECTED}" in output, output
     kinds = [(e["kind"], e["decision"]) for e in attempt_ends(cluster, job_id)]
     assert kinds == [("user_error", "requeue"), ("success", "done")]
+
+
+def test_gpu_xid_mid_run_drains_the_node_and_resumes_on_the_other(cluster: Cluster,
+                                                                  payload: str) -> None:
+    import time
+
+    from wrapper.runner import Runner
+
+    name = "xid"
+    shutil.rmtree(cluster.work / f"ckpt-{name}", ignore_errors=True)
+    script = job_script(name, "none", 0, steps=12).replace(
+        "#SBATCH --open-mode=append", "#SBATCH --open-mode=append\n#SBATCH --gres=gpu:1")
+    job_id = cluster.submit(script, name=f"{name}.sh")
+    out = cluster.work / f"{name}-{job_id}.out"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "step 3 " not in (out.read_text() if out.exists()
+                                                           else ""):
+        time.sleep(0.2)
+    first = [e for e in JobState(cluster.state_dir, job_id).events()
+             if e["event"] == "prolog.context"][0]
+    node, gpus = first["node"], first["context"]["gpus"]
+    other = "n2" if node == "n1" else "n1"
+    try:
+        cluster.set_gpu_faults(node, {g: {"xid_events": (79,)} for g in gpus})
+        info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED"}, timeout=120)
+        output = out.read_text()
+        assert info["JobState"] == "COMPLETED", output
+        assert f"done sum {12 * 13 // 2}" in output, output
+        ends = attempt_ends(cluster, job_id)
+        assert [(e["kind"], e["decision"], e["node"]) for e in ends] == [
+            ("hardware", "requeue", node), ("success", "done", other)], ends
+        assert ends[0]["exclude"] == [node]
+        faults = [e for e in JobState(cluster.state_dir, job_id).events()
+                  if e["event"] == "gpu.fault"]
+        assert faults and "79" in faults[0]["reason"]
+        state = Runner(cluster.env()).run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"],
+                                          timeout=10).stdout.strip()
+        assert state.startswith("drain") and "|jobwrap: xid gpu" in state, state
+    finally:
+        cluster.set_gpu_faults(node)
+        Runner(cluster.env()).run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                                  timeout=20, check=False)
+        cluster.wait_idle(timeout=30)

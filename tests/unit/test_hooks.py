@@ -9,13 +9,16 @@ import pytest
 from wrapper.hooks import run_hook
 from wrapper.state import JobState
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
+
 
 @pytest.fixture
 def site(tmp_path: Path) -> dict[str, Path]:
     config = tmp_path / "jobwrap.toml"
     config.write_text(f'[paths]\nstate_dir = "{tmp_path}/state"\n'
                       f'scratch_root = "{tmp_path}/scratch"\n'
-                      f'[log]\nfile = "{tmp_path}/jobwrap.log"\n')
+                      f'[log]\nfile = "{tmp_path}/jobwrap.log"\n'
+                      f'[gpu]\nbackend = "fake"\nfake_inventory = "{FIXTURES}/healthy-4.toml"\n')
     return {"config": config, "state": tmp_path / "state", "log": tmp_path / "jobwrap.log",
             "scratch": tmp_path / "scratch"}
 
@@ -31,8 +34,10 @@ def slurm_env(hook: str, **extra: str) -> dict[str, str]:
 
 def test_prolog_records_the_context(site: dict[str, Path]) -> None:
     assert run_hook("prolog", config_path=str(site["config"]), env=slurm_env("prolog")) == 0
-    [event] = JobState(site["state"], "31").events()
-    assert event["event"] == "prolog.context"
+    events = JobState(site["state"], "31").events()
+    [event] = [e for e in events if e["event"] == "prolog.context"]
+    [health] = [e for e in events if e["event"] == "health"]
+    assert health["verdict"] == "pass"  # the fake inventory's GPUs 1 and 3 are healthy
     assert event["context"]["gpus"] == [1, 3]
     assert event["context"]["node"] == "n1"
     assert event["attempt"] == 1
@@ -59,7 +64,7 @@ def test_task_prolog_exports(site: dict[str, Path]) -> None:
         # attempt 1 of the batch step: the user is told why and from where it runs
         "print jobwrap: attempt 1; no valid checkpoint: starting from the beginning",
     ]
-    events = JobState(site["state"], "31").events()
+    events = [e for e in JobState(site["state"], "31").events() if "context" in e["event"]]
     assert [(e["event"], e["source"]) for e in events] == [
         ("prolog.context", "root"), ("task-prolog.context", "user")]
 

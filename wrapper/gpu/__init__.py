@@ -14,10 +14,23 @@ Importing this package loads no GPU library: pynvml is imported by the nvml prob
 first call.
 """
 
-from wrapper.gpu.checks import CheckResult
-from wrapper.gpu.probe import GpuReading, Probe, ProbeError, open_probe
-from wrapper.gpu.report import Report, parse_gres_gpus, run_checks
-from wrapper.gpu.resume import ResumeDecision, decide_resume
+from __future__ import annotations
 
-__all__ = ["CheckResult", "GpuReading", "Probe", "ProbeError", "Report", "ResumeDecision",
-           "decide_resume", "open_probe", "parse_gres_gpus", "run_checks"]
+import importlib
+from typing import Any
+
+# Names are loaded on first use: the prolog imports only what it calls.
+_EXPORTS = {
+    "CheckResult": "wrapper.gpu.checks", "GpuReading": "wrapper.gpu.probe",
+    "Probe": "wrapper.gpu.probe", "ProbeError": "wrapper.gpu.probe",
+    "open_probe": "wrapper.gpu.probe", "Report": "wrapper.gpu.report",
+    "parse_gres_gpus": "wrapper.gpu.report", "run_checks": "wrapper.gpu.report",
+    "ResumeDecision": "wrapper.gpu.resume", "decide_resume": "wrapper.gpu.resume",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'wrapper.gpu' has no attribute {name!r}")

@@ -36,8 +36,26 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     state.append("epilog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                  context=ctx.as_dict())
     gpu_check_failed = False
-    if ctx.first_node:
-        backend = slurm.backend(cfg.slurm)
+    backend = slurm.backend(cfg.slurm)
+    if cfg.checks.epilog:
+        from wrapper.hooks.health import check_node, unchecked
+
+        # A failed post-job check drains this node with its reason; the epilog itself
+        # exits 0 so that Slurm does not replace that reason with "Epilog error".
+        try:
+            report = check_node(ctx, cfg, env or {}, phase="epilog", backend=backend,
+                                state=state)
+            gpu_check_failed = report.verdict == "fail"
+        except JobwrapError as exc:
+            unchecked(cfg, state, ctx, exc)
+    # After a failed prolog Slurm has already counted the restart, so the attempt numbers
+    # differ: what tells is that this node's last prolog event is the failure.
+    prolog_events = [e.get("event") for e in state.events() if e.get("node") == ctx.node
+                     and str(e.get("event", "")).startswith("prolog.")]
+    if prolog_events and prolog_events[-1] == "prolog.unhealthy":
+        # The job never started: Slurm requeues it after the failed prolog by itself.
+        logger.info("epilog.after_failed_prolog")
+    elif ctx.first_node:
         try:
             record = jobrecord.load(state)
         except JobwrapError:

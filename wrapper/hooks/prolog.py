@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
 from wrapper import jobrecord, log, slurm
 from wrapper.config import Config
-from wrapper.errors import EXIT_OK
+from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
 from wrapper.slurm.context import JobContext
 from wrapper.state import USER_EVENTS, JobState
 from wrapper.supervisor.launch import SUPERVISOR_LOG
@@ -21,7 +22,26 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> in
     state.append("prolog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                  context=ctx.as_dict())
     backend = slurm.backend(cfg.slurm)
-    record = jobrecord.gather(ctx, backend)
+    gathered = jobrecord.gather_in_background(ctx, backend)
+    if cfg.checks.prolog:
+        from wrapper.hooks.health import check_node, unchecked
+
+        try:
+            report = check_node(ctx, cfg, env, phase="prolog", backend=backend, state=state)
+        except JobwrapError as exc:
+            unchecked(cfg, state, ctx, exc)
+        else:
+            if report.verdict == "fail":
+                # Non-zero makes Slurm requeue the job (with nohold_on_prolog_fail it is
+                # not held); release lifts Slurm's requeue delay, away from this node.
+                from wrapper import detach
+
+                state.append("prolog.unhealthy", attempt=ctx.attempt, node=ctx.node,
+                             reason=report.drain_reason())
+                detach.spawn([sys.executable, "-m", "wrapper", "release", ctx.job_id,
+                              "--exclude", ctx.node], detach.hook_env(cfg.source))
+                return EXIT_UNHEALTHY
+    record = gathered()
     state.write_json(jobrecord.RECORD, record.as_dict())
     if record.options_error:
         # The user's mistake: say so where they look, never hold the node responsible.

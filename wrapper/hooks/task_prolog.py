@@ -83,9 +83,13 @@ def _resume_point(ctx: JobContext, cfg: Config, record: jobrecord.JobRecord | No
 
 
 def _banner(ctx: JobContext, state: JobState, resume: str | None, step: int | None) -> str:
-    ends = [e for e in state.events() if e.get("event") == "attempt.end"
-            and e.get("source") == "root"]
-    why = f" after {ends[-1].get('kind')} ({ends[-1].get('detail')})" if ends else ""
+    ends = [e for e in state.events() if e.get("source") == "root"
+            and e.get("event") in ("attempt.end", "prolog.unhealthy")]
+    why = ""
+    if ends and ends[-1]["event"] == "prolog.unhealthy":
+        why = f" after node {ends[-1].get('node')} failed its health check ({ends[-1].get('reason')})"
+    elif ends:
+        why = f" after {ends[-1].get('kind')} ({ends[-1].get('detail')})"
     where = f"resuming from {resume}" + (f" (step {step})" if step is not None else "") \
         if resume else "no valid checkpoint: starting from the beginning"
     return f"jobwrap: attempt {ctx.attempt}{why}; {where}"

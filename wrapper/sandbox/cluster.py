@@ -92,6 +92,16 @@ class Cluster:
     def scratch_root(self) -> Path:
         return self.base / "jobwrap" / "scratch"
 
+    def gpu_inventory(self, node: str) -> Path:
+        return self.base / "gpus" / f"{node}.toml"
+
+    def set_gpu_faults(self, node: str, faults: dict[int, dict[str, Any]] | None = None
+                       ) -> None:
+        """Rewrite ``node``'s fake GPU inventory, healthy but for ``faults`` (minor -> fields)."""
+        from wrapper.sandbox import gpus
+
+        gpus.write(self.gpu_inventory(node), node, self.spec.gpus_per_node, faults)
+
     @property
     def runtime(self) -> Path:
         return self.base / "runtime"
@@ -166,7 +176,7 @@ class Cluster:
         slurm = pwd.getpwnam("slurm")
         self.base.mkdir(parents=True, exist_ok=True)
         os.chmod(self.base, 0o755)  # the job user and SlurmUser must traverse it
-        for sub in ("etc", "log", "spool", "dev", "jobwrap", "jobwrap/log"):
+        for sub in ("etc", "log", "spool", "dev", "gpus", "jobwrap", "jobwrap/log"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(self.base / sub, 0o755)
         for sub in ("ctld", "log"):
@@ -182,6 +192,8 @@ class Cluster:
             dev = self.base / "dev" / f"nvidia{i}"
             if not dev.exists():
                 os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(195, i))
+        for node in self.spec.nodes:
+            self.set_gpu_faults(node)
 
     def _install_runtime(self) -> None:
         """Install the checkout as an admin would: a venv the job user can read and run."""
@@ -284,6 +296,14 @@ level = "debug"
 
 [slurm]
 command_timeout = 20
+
+[gpu]
+backend = "fake"
+fake_inventory = "{b}/gpus/{{node}}.toml"
+
+[supervisor]
+gpu_interval = 2
+settle_seconds = 2
 """)
         for path in (self.conf, b / "etc" / "gres.conf", self.jobwrap_config):
             os.chmod(path, 0o644)

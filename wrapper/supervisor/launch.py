@@ -17,6 +17,7 @@ from pathlib import Path
 from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
+from wrapper.jobrecord import JobRecord
 from wrapper.runner import Runner
 from wrapper.state import JobState
 
@@ -47,6 +48,7 @@ def supervise(job_id: str, cfg: Config) -> int:
     from wrapper.privileges import UserIds
     from wrapper.supervisor.monitor import Supervisor
 
+    os.chdir("/")  # hold no directory of the hook that started us
     state = JobState(Path(cfg.paths.state_dir), job_id)
     record = jobrecord.load(state)
     if os.geteuid() == 0:
@@ -89,6 +91,30 @@ def _current_attempt(state: JobState) -> int:
     return int(max(attempts)) if attempts else 0
 
 
-def _gpu_fault_reader(cfg: Config, record: object) -> Callable[[], list[str]] | None:
-    """GPU faults on the job's GPUs, through the same probe as the health checks."""
-    return None
+# Checks whose failure during a run means the GPU under the job is faulty now (the
+# others, such as memory in use, are expected while a job runs).
+FAULT_CHECKS = frozenset({"probe", "xid", "ecc", "row_remap", "retired_pages", "nvlink"})
+
+
+def _gpu_fault_reader(cfg: Config, record: JobRecord) -> Callable[[], list[str]] | None:
+    """GPU faults on the job's GPUs, through the same probe and checks as the prolog."""
+    if not record.gpus:
+        return None
+    from wrapper.gpu.probe import open_probe
+    from wrapper.gpu.report import run_checks
+
+    def read() -> list[str]:
+        try:
+            probe = open_probe(cfg.gpu, record.first_node)
+            try:
+                report = run_checks(cfg, probe, phase="prolog", allocated=record.gpus,
+                                    configured_gres=None, env={}, target="gpu")
+            finally:
+                probe.close()
+        except JobwrapError as exc:  # the probe, not the GPU: keep watching
+            log.get().warning("supervisor.gpu_unreadable", error=str(exc))
+            return []
+        return [f"{r.check} gpu{r.gpu_index}: {r.reason}" for r in report.failures
+                if r.check in FAULT_CHECKS]
+
+    return read

@@ -1,0 +1,95 @@
+"""The GPU and version gate of the prolog and epilog: check, and drain only a real fault.
+
+A failed check drains this node through the Slurm adapter with the report's precise
+reason (``jobwrap: <check> gpu<i>(<uuid>): <detail>``). A probe or config that does not
+work is jobwrap's problem, not the node's: it is raised to the hook frame, which by
+default logs it and lets the job run. The node's configured gres is cached in the node
+state for ``GRES_TTL`` seconds so the prolog does not ask Slurm on every job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from wrapper import log
+from wrapper.config import Config
+from wrapper.errors import JobwrapError
+from wrapper.slurm import SlurmBackend
+from wrapper.slurm.context import JobContext
+from wrapper.state import JobState
+
+if TYPE_CHECKING:
+    from wrapper.gpu.report import Report
+
+GRES_TTL = 600.0
+
+
+def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: str,
+               backend: SlurmBackend, state: JobState) -> Report:
+    from wrapper.gpu.probe import open_probe
+    from wrapper.gpu.report import run_checks
+
+    gres = configured_gres(cfg, ctx.node, backend)
+    probe = open_probe(cfg.gpu, ctx.node)
+    try:
+        report = run_checks(cfg, probe, phase=phase, allocated=ctx.gpus, configured_gres=gres,
+                            env=env)
+    finally:
+        probe.close()
+    failures = [r.reason for r in report.failures]
+    warnings = [r.reason for r in report.warnings]
+    state.append("health", attempt=ctx.attempt, node=ctx.node, phase=phase,
+                 verdict=report.verdict, failures=failures, warnings=warnings,
+                 seconds=round(report.duration_s, 3))
+    logger = log.get()
+    for reason in warnings:
+        logger.warning("health.warn", phase=phase, reason=reason)
+    if report.verdict == "fail":
+        reason = report.drain_reason() or "jobwrap: health check failed"
+        backend.drain_node(ctx.node, reason)
+        logger.error("health.drained", phase=phase, reason=reason)
+    return report
+
+
+def configured_gres(cfg: Config, node: str, backend: SlurmBackend) -> int | None:
+    """GPUs in the node's gres, from a short-lived cache or from Slurm (None if unknown)."""
+    from wrapper.gpu.report import parse_gres_gpus
+
+    cache = Path(cfg.paths.state_dir) / "nodes" / f"{node}.json"
+    try:
+        data = json.loads(cache.read_text())
+        if time.time() - float(data["at"]) < GRES_TTL:
+            return int(data["gpus"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        gres = backend.node_info(node).get("Gres", "")
+    except JobwrapError as exc:
+        log.get().warning("health.gres_unknown", error=str(exc))
+        return None
+    gpus = parse_gres_gpus(gres)
+    try:
+        cache.parent.mkdir(mode=0o755, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"at": time.time(), "gpus": gpus, "gres": gres}))
+        tmp.replace(cache)
+    except OSError as exc:
+        log.get().warning("health.gres_cache_unwritable", error=str(exc))
+    return gpus
+
+
+def unchecked(cfg: Config, state: JobState, ctx: JobContext, error: JobwrapError) -> None:
+    """The checks could not run (a broken probe or config): jobwrap's fault, not the node's.
+
+    Re-raised when the site asked to drain on jobwrap's own failures; otherwise logged
+    loudly and recorded, and the hook goes on with the job.
+    """
+    if cfg.hooks.on_internal_error == "drain":
+        raise error
+    log.get().error("health.unavailable", error=str(error), kind=type(error).__name__)
+    state.append("health.unavailable", attempt=ctx.attempt, node=ctx.node, error=str(error))
