@@ -11,6 +11,7 @@ would cost more than the prolog's whole budget, and dataclasses' generated metho
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -50,7 +51,7 @@ class Section:
     _fields: ClassVar[dict[str, Opt]] = {}
 
     def __init_subclass__(cls) -> None:
-        annotations = cls.__dict__.get("__annotations__", {})
+        annotations = inspect.get_annotations(cls)
         cls._fields = {}
         for name, value in list(vars(cls).items()):
             if isinstance(value, Opt):
@@ -529,7 +530,8 @@ def parse(raw: bytes, path: str) -> Config:
     return Config(**sections, source=path)
 
 
-def _build_section(section: str, cls: type[Section], values: dict[str, Any], problems: list[str]) -> Any:
+def _build_section(section: str, cls: type[Section], values: dict[str, Any],
+                   problems: list[str]) -> Any:
     fields = cls._fields
     kwargs: dict[str, Any] = {}
     for key, value in values.items():

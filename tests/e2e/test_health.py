@@ -46,7 +46,7 @@ def test_faulty_gpu_drains_its_node_and_the_job_runs_elsewhere(cluster: Cluster)
                                 "echo ran on $SLURMD_NODENAME\n", "--gres=gpu:1",
                                 name="health.sh")
         wait_state(cluster, "n1", "drain")
-        state, reason = node_reason(cluster, "n1")
+        _state, reason = node_reason(cluster, "n1")
         assert reason.startswith("jobwrap: row_remap gpu0(GPU-"), reason
         assert "remap" in reason
         # the job went back to the queue, not held; it runs once a healthy node is free

@@ -130,8 +130,8 @@ def test_gpu_xid_mid_run_drains_the_node_and_resumes_on_the_other(cluster: Clust
     while time.monotonic() < deadline and "step 3 " not in (out.read_text() if out.exists()
                                                            else ""):
         time.sleep(0.2)
-    first = [e for e in JobState(cluster.state_dir, job_id).events()
-             if e["event"] == "prolog.context"][0]
+    first = next(e for e in JobState(cluster.state_dir, job_id).events()
+                 if e["event"] == "prolog.context")
     node, gpus = first["node"], first["context"]["gpus"]
     other = "n2" if node == "n1" else "n1"
     try:

@@ -87,7 +87,8 @@ def _banner(ctx: JobContext, state: JobState, resume: str | None, step: int | No
             and e.get("event") in ("attempt.end", "prolog.unhealthy")]
     why = ""
     if ends and ends[-1]["event"] == "prolog.unhealthy":
-        why = f" after node {ends[-1].get('node')} failed its health check ({ends[-1].get('reason')})"
+        why = (f" after node {ends[-1].get('node')} failed its health check "
+               f"({ends[-1].get('reason')})")
     elif ends:
         why = f" after {ends[-1].get('kind')} ({ends[-1].get('detail')})"
     where = f"resuming from {resume}" + (f" (step {step})" if step is not None else "") \
