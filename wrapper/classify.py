@@ -99,9 +99,20 @@ def classify(ev: Evidence) -> Classification:
             return Classification(kind, f"output says: {line}", f"{kind}:{_normalise(line)}")
     last = _last_error_line(ev.output_tail)
     code = ev.exit_code if ev.exit_code is not None else -1
+    if 128 < code < 160 and not ev.exit_signal:
+        signal_note = f" (a command killed by {_signal_name(code - 128)})"
     detail = f"exit {code}{signal_note}" + (f"; last error: {last}" if last else "")
     return Classification(USER_ERROR, detail,
                           f"exit:{code}:{ev.exit_signal or 0}:{_normalise(last)}")
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+import wrapper.sandbox
 from wrapper.sandbox.cluster import Cluster
 from wrapper.state import JobState
 
 STEPS = 8
 EXPECTED = STEPS * (STEPS + 1) // 2
-PAYLOAD = Path(__file__).parent / "payloads" / "train.py"
+PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
 
 
 def job_script(name: str, how: str, crash_at: int, *, extra: str = "", steps: int = STEPS,
