@@ -21,7 +21,11 @@ class _Group(click.Group):
     lazy: ClassVar[dict[str, str]] = {"sandbox": "wrapper.sandbox.cli:sandbox",
                                       "checkpoints": "wrapper.checkpoints.cli:checkpoints",
                                       "login-guard": "wrapper.loginguard.cli:login_guard",
-                                      "check": "wrapper.gpu.cli:check"}
+                                      "check": "wrapper.gpu.cli:check",
+                                      "doctor": "wrapper.doctor:doctor",
+                                      "install-lua": "wrapper.install_lua:install_lua",
+                                      "archive": "wrapper.archive.cli:archive",
+                                      "status": "wrapper.archive.cli:status"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])

@@ -1,0 +1,424 @@
+"""``jobwrap doctor`` on installs written into a temporary folder: a good one passes, and
+each fault fails (or warns) naming its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from wrapper.cli import cli
+from wrapper.doctor import Finding, check_folder, diagnose, parse_slurm_conf, render_table
+from wrapper.install_lua import SiteDefaults, render
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+JOBWRAP_BIN = Path(sys.executable).parent / "jobwrap"
+
+
+def _chmod(path: Path, mode: int) -> None:
+    """The modes a node must not have are what these tests make on purpose."""
+    os.chmod(path, mode)
+
+
+@dataclass
+class Node:
+    """A node's install: slurm.conf (+ hooks.conf), the hooks, jobwrap.toml, folders."""
+
+    root: Path
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def hooks_conf(self) -> Path:
+        return self.etc / "hooks.conf"
+
+    @property
+    def install(self) -> Path:
+        return self.root / "opt" / "jobwrap"
+
+    @property
+    def config(self) -> Path:
+        return self.etc / "jobwrap.toml"
+
+    def folder(self, name: str) -> Path:
+        return self.root / "var" / name
+
+    def edit(self, path: Path, fn: Callable[[str], str]) -> None:
+        path.write_text(fn(path.read_text()))
+
+    def diagnose(self, owner_uid: int | None = None) -> dict[str, Finding]:
+        findings, _ = diagnose(config_path=str(self.config), slurm_conf=str(self.conf),
+                               node="n1", env={"PATH": os.environ.get("PATH", "")},
+                               owner_uid=os.getuid() if owner_uid is None else owner_uid)
+        by_name = {f.check: f for f in findings}
+        assert len(by_name) == len(findings)  # every check has its own name
+        return by_name
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    n = Node(tmp_path / "node")
+    n.etc.mkdir(parents=True)
+    for name in ("slurm.conf", "hooks.conf"):
+        text = (FIXTURES / "doctor" / name).read_text()
+        (n.etc / name).write_text(text.replace("{install}", str(n.install)))
+    (n.etc / "job_submit.lua").write_text(render(SiteDefaults()))
+    # The hooks exactly as shipped, and their settings file as the install guide writes it.
+    for hooks in ("prolog", "epilog"):
+        shutil.copytree(REPO / hooks, n.install / hooks)
+    for path in n.install.rglob("*"):
+        _chmod(path, 0o755)
+    (n.install / "jobwrap.env").write_text(f"JOBWRAP_BIN={JOBWRAP_BIN}\n"
+                                           f"JOBWRAP_CONFIG={n.config}\n")
+    for name in ("state", "scratch", "cache", "archive"):
+        n.folder(name).mkdir(parents=True, mode=0o755)
+        _chmod(n.folder(name), 0o755)
+    n.config.write_text(f"""[paths]
+state_dir = "{n.folder('state')}"
+scratch_root = "{n.folder('scratch')}"
+cache_root = "{n.folder('cache')}"
+archive_root = "{n.folder('archive')}"
+
+[gpu]
+backend = "fake"
+fake_inventory = "{FIXTURES / 'gpu' / 'healthy-4.toml'}"
+
+[hooks]
+prolog_budget = 60
+epilog_budget = 120
+""")
+    return n
+
+
+def _failed(findings: dict[str, Finding]) -> dict[str, Finding]:
+    return {k: f for k, f in findings.items() if f.status == "fail"}
+
+
+def test_a_good_install_passes(node: Node) -> None:
+    assert JOBWRAP_BIN.exists(), "the test venv has no jobwrap program"
+    findings = node.diagnose()
+    assert _failed(findings) == {}
+    assert {f.status for f in findings.values()} == {"pass"}
+    assert findings["slurm.prolog"].detail == (f"Prolog={node.install}/prolog/prolog runs "
+                                               "`jobwrap prolog`")
+    assert findings["slurm.taskprolog"].status == "pass"
+    assert findings["gpu.probe"].detail.startswith("fake: 4 GPU(s), driver 550.54.15")
+    assert "jobwrap 0.1.0" in findings["versions"].detail
+    assert findings["hooks.program"].detail.startswith(f"the hooks run {JOBWRAP_BIN}")
+
+
+def test_cli_exit_status_table_and_json(node: Node) -> None:
+    args = ["--config", str(node.config), "doctor", "--slurm-conf", str(node.conf),
+            "--node", "n1"]
+    good = CliRunner().invoke(cli, args)
+    assert good.exit_code == 0, good.output
+    assert good.output.startswith("jobwrap doctor: ")
+    assert " 0 failed" in good.output.splitlines()[0]
+    doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)
+    assert doc["ok"] is True
+    assert doc["slurm_conf"] == str(node.conf)
+    assert doc["config"] == str(node.config)
+    assert set(doc["versions"]) == {"jobwrap", "slurm", "python"}
+    assert {c["check"] for c in doc["checks"]} >= {"slurm.prolog", "config", "gpu.probe"}
+
+    node.edit(node.hooks_conf, lambda t: t.replace("Prolog=", "#Prolog=", 1))
+    bad = CliRunner().invoke(cli, args)
+    assert bad.exit_code == 1
+    assert "FAIL  slurm.prolog" in bad.output
+    assert "fix: set Prolog=" in bad.output
+    assert json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)["ok"] is False
+
+
+def test_missing_prolog_line(node: Node) -> None:
+    node.edit(node.hooks_conf, lambda t: "\n".join(
+        line for line in t.splitlines() if not line.startswith("Prolog=")))
+    finding = _failed(node.diagnose())["slurm.prolog"]
+    assert finding.detail == f"no Prolog= line in {node.conf}"
+    # The fix points at the hook beside the ones found.
+    assert finding.fix.startswith(f"set Prolog={node.install}/prolog/prolog in {node.conf}")
+
+
+def test_a_prolog_that_is_not_jobwraps(node: Node) -> None:
+    other = node.root / "site-prolog"
+    other.write_text("#!/bin/sh\n/usr/local/sbin/site-health-check\n")
+    _chmod(other, 0o755)
+    node.edit(node.hooks_conf, lambda t: t.replace(f"{node.install}/prolog/prolog",
+                                                   f"{other},/nonexistent/*"))
+    finding = _failed(node.diagnose())["slurm.prolog"]
+    assert "does not run `jobwrap prolog`" in finding.detail
+    assert f"in {node.hooks_conf}" in finding.detail  # where the line is
+
+
+def test_one_of_several_prologs_may_be_jobwraps(node: Node) -> None:
+    other = node.root / "site-prolog"
+    other.write_text("#!/bin/sh\ntrue\n")
+    node.edit(node.hooks_conf, lambda t: t.replace("Prolog=", f"Prolog={other},", 1))
+    assert node.diagnose()["slurm.prolog"].status == "pass"
+
+
+def test_task_prolog_is_not_mistaken_for_the_prolog(node: Node) -> None:
+    node.edit(node.hooks_conf, lambda t: t.replace(f"{node.install}/prolog/prolog",
+                                                   f"{node.install}/prolog/task-prolog", 1))
+    assert "slurm.prolog" in _failed(node.diagnose())
+
+
+@pytest.mark.parametrize(("mode", "phrase", "fix"), [
+    (0o644, "is not executable", "chmod 0755"),
+    (0o777, "is writable by others", "chmod go-w"),
+])
+def test_unsafe_hook_files(node: Node, mode: int, phrase: str, fix: str) -> None:
+    os.chmod(node.install / "epilog" / "epilog", mode)
+    finding = _failed(node.diagnose())["slurm.epilog"]
+    assert phrase in finding.detail
+    assert finding.fix.startswith(fix)
+
+
+def test_a_hook_owned_by_someone_else(node: Node) -> None:
+    findings = node.diagnose(owner_uid=os.getuid() + 1)
+    assert "that user can run anything as root" in findings["slurm.prolog"].detail
+    assert findings["slurm.prolog"].fix.startswith("chown root:root ")
+
+
+def test_hooks_that_find_no_jobwrap(node: Node) -> None:
+    (node.install / "jobwrap.env").write_text(f"JOBWRAP_BIN={node.root}/nothing\n")
+    finding = _failed(node.diagnose())["hooks.program"]
+    assert "let every job run unchecked" in finding.detail
+    assert "JOBWRAP_BIN=" in finding.fix
+
+
+def test_hooks_reading_another_config_warn(node: Node) -> None:
+    (node.install / "jobwrap.env").write_text(f"JOBWRAP_BIN={JOBWRAP_BIN}\n"
+                                              "JOBWRAP_CONFIG=/etc/jobwrap/other.toml\n")
+    finding = node.diagnose()["hooks.program"]
+    assert finding.status == "warn"
+    assert finding.fix == "run jobwrap --config /etc/jobwrap/other.toml doctor"
+
+
+def test_missing_nohold_on_prolog_fail(node: Node) -> None:
+    node.edit(node.conf, lambda t: t.replace("nohold_on_prolog_fail", "max_rpc_cnt=8"))
+    finding = _failed(node.diagnose())["slurm.nohold_on_prolog_fail"]
+    assert "requeued held" in finding.detail
+    assert finding.fix == f"add nohold_on_prolog_fail to SchedulerParameters in {node.conf}"
+
+
+@pytest.mark.parametrize(("flags", "status"), [
+    ("PrologFlags=Alloc,X11", "pass"), ("prologflags=contain", "pass"),
+    ("PrologFlags=X11", "fail"), ("", "fail"),
+])
+def test_prolog_flags(node: Node, flags: str, status: str) -> None:
+    node.edit(node.conf, lambda t: t.replace("PrologFlags=Alloc,X11", flags))
+    finding = node.diagnose()["slurm.prolog_flags"]
+    assert finding.status == status
+    if status == "fail":
+        assert "PrologFlags=Alloc" in finding.fix
+
+
+@pytest.mark.parametrize(("line", "status"), [
+    ("PrologEpilogTimeout=180", "pass"), ("", "pass"), ("PrologEpilogTimeout=120", "warn"),
+    ("PrologEpilogTimeout=90", "fail"), ("PrologEpilogTimeout=2min", "fail"),
+])
+def test_prolog_epilog_timeout_covers_the_budgets(node: Node, line: str, status: str) -> None:
+    node.edit(node.conf, lambda t: t.replace("PrologEpilogTimeout=180", line))
+    finding = node.diagnose()["slurm.prolog_epilog_timeout"]
+    assert finding.status == status, finding
+    if status == "fail" and "90" in line:
+        assert "shorter than jobwrap's hook budget (120 s)" in finding.detail
+        assert "PrologEpilogTimeout=142 or more" in finding.fix
+
+
+@pytest.mark.parametrize(("line", "lua", "status"), [
+    ("JobRequeue=1", True, "pass"), ("", True, "pass"), ("JobRequeue=0", True, "pass"),
+    ("JobRequeue=0", False, "fail"),
+])
+def test_job_requeue(node: Node, line: str, lua: bool, status: str) -> None:
+    node.edit(node.conf, lambda t: t.replace("JobRequeue=1", line))
+    if not lua:
+        (node.etc / "job_submit.lua").unlink()
+    assert node.diagnose()["slurm.job_requeue"].status == status
+
+
+def test_job_submit_plugin_warnings(node: Node) -> None:
+    (node.etc / "job_submit.lua").write_text("-- someone else's plugin\n")
+    finding = node.diagnose()["slurm.job_submit_lua"]
+    assert (finding.status, finding.detail) == ("warn", f"{node.etc}/job_submit.lua is not "
+                                                        "jobwrap's")
+    (node.etc / "job_submit.lua").unlink()
+    assert "does not exist" in node.diagnose()["slurm.job_submit_lua"].detail
+    node.edit(node.conf, lambda t: t.replace("JobSubmitPlugins=lua", ""))
+    finding = node.diagnose()["slurm.job_submit_lua"]
+    assert finding.status == "warn"
+    assert f"jobwrap install-lua {node.etc}" in finding.fix
+    assert _failed(node.diagnose()) == {}  # warnings only: the doctor still passes
+
+
+def test_invalid_config(node: Node) -> None:
+    node.config.write_text('[paths]\nstate_dir = "relative"\n[bogus]\n')
+    findings = node.diagnose()
+    finding = _failed(findings)["config"]
+    assert f"invalid configuration in {node.config}" in finding.detail
+    assert "[paths] state_dir" in finding.detail and "unknown section [bogus]" in finding.detail
+    assert "jobwrap config defaults" in finding.fix
+    # The rest of the checks still ran.
+    assert findings["slurm.prolog"].status == "pass"
+
+
+def test_a_missing_config_named_on_the_command_line(node: Node) -> None:
+    node.config.unlink()
+    assert "the file does not exist" in _failed(node.diagnose())["config"].detail
+
+
+@pytest.mark.parametrize(("setup", "phrase", "fix"), [
+    ("missing", "does not exist", "mkdir -p "),
+    ("world-writable", "is world-writable (mode 0777)", "chmod o-w "),
+    ("unwritable", "is not writable (mode 0555)", "chmod u+w "),
+    ("symlink", "is a symlink", "rm "),
+    ("file", "is not a directory", "rm "),
+])
+def test_unsafe_state_folder(node: Node, setup: str, phrase: str, fix: str) -> None:
+    state = node.folder("state")
+    if setup == "missing":
+        state.rmdir()
+    elif setup == "world-writable":
+        _chmod(state, 0o777)
+    elif setup == "unwritable":
+        _chmod(state, 0o555)
+    else:
+        state.rmdir()
+        if setup == "symlink":
+            state.symlink_to(node.folder("scratch"))
+        else:
+            state.write_text("")
+    finding = _failed(node.diagnose())["folder.state_dir"]
+    assert phrase in finding.detail
+    assert finding.fix.startswith(fix)
+    assert str(state) in finding.fix
+
+
+def test_a_folder_owned_by_someone_else(node: Node) -> None:
+    finding = check_folder("folder.state_dir", node.folder("state"), os.getuid() + 1)
+    assert finding.status == "fail"
+    assert finding.fix == f"chown root:root {node.folder('state')}"
+
+
+def test_a_folder_in_a_world_writable_parent(tmp_path: Path) -> None:
+    parent = tmp_path / "open"
+    parent.mkdir()
+    _chmod(parent, 0o777)
+    (parent / "state").mkdir(mode=0o755)
+    finding = check_folder("folder.state_dir", parent / "state", os.getuid())
+    assert finding.status == "fail"
+    assert finding.fix == f"chmod o-w {parent}"
+    _chmod(parent, 0o1777)  # sticky, like /tmp: others cannot rename what is ours
+    assert check_folder("folder.state_dir", parent / "state", os.getuid()).status == "pass"
+
+
+def test_gpu_probe_failures(node: Node) -> None:
+    node.edit(node.config, lambda t: t.replace("healthy-4.toml", "no-such.toml"))
+    finding = _failed(node.diagnose())["gpu.probe"]
+    assert finding.detail.startswith("fake: ") and "does not exist" in finding.detail
+    assert "fake_inventory" in finding.fix
+    node.edit(node.config, lambda t: t.replace('backend = "fake"', 'backend = "nvml"'))
+    nvml = node.diagnose()["gpu.probe"]
+    # This machine has no NVIDIA driver: the probe's own error, and the way out.
+    assert nvml.status == "fail" and nvml.detail.startswith("nvml: ")
+    assert 'backend = "fake"' in nvml.fix
+
+
+def test_slurm_commands_that_are_missing(node: Node) -> None:
+    with node.config.open("a") as handle:
+        handle.write(f'\n[slurm]\nsqueue_command = "{node.root}/no-squeue"\n')
+    findings = node.diagnose()
+    assert findings["slurm.scontrol"].status == "pass"
+    finding = _failed(findings)["slurm.squeue"]
+    assert "was not found" in finding.detail
+    assert finding.fix == "install Slurm's client commands, or set [slurm] squeue_command"
+
+
+def test_slurm_commands_that_fail_or_hang(node: Node) -> None:
+    failing, hanging = node.root / "sinfo", node.root / "scancel"
+    failing.write_text("#!/bin/sh\necho 'sinfo: error: cannot read the config' >&2\nexit 1\n")
+    hanging.write_text("#!/bin/sh\nexec sleep 30\n")
+    for program in (failing, hanging):
+        _chmod(program, 0o755)
+    with node.config.open("a") as handle:
+        handle.write(f'\n[slurm]\nsinfo_command = "{failing}"\nscancel_command = "{hanging}"\n'
+                     "command_timeout = 0.5\n")
+    failed = _failed(node.diagnose())
+    assert "sinfo: error: cannot read the config" in failed["slurm.sinfo"].detail
+    assert failed["slurm.sinfo"].fix == f"check that Slurm reads {node.conf}"
+    assert "timed out after 0.5 s" in failed["slurm.scancel"].detail
+    assert "SlurmctldHost" in failed["slurm.scancel"].fix
+
+
+def test_an_unreadable_slurm_conf(node: Node) -> None:
+    node.conf.unlink()
+    finding = _failed(node.diagnose())["slurm.conf"]
+    assert finding.detail.startswith(f"cannot read {node.conf}")
+    assert "--slurm-conf" in finding.fix
+
+
+def test_slurm_conf_from_the_environment(node: Node) -> None:
+    findings, _ = diagnose(config_path=str(node.config), node="n1",
+                           env={"SLURM_CONF": str(node.conf), "PATH": os.environ["PATH"]},
+                           owner_uid=os.getuid())
+    assert findings[1] == Finding("slurm.conf", "pass", f"{node.conf} (2 files)")
+
+
+def test_parse_slurm_conf(tmp_path: Path) -> None:
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "a.conf").write_text("JobRequeue=0\nInclude loop.conf\n")
+    (tmp_path / "conf.d" / "b.conf").write_text("MinJobAge=1  # the later file wins\n")
+    (tmp_path / "loop.conf").write_text("Include conf.d/a.conf\nKillWait=5\n")
+    (tmp_path / "slurm.conf").write_text(
+        "JobRequeue=1\nMinJobAge=300\nINCLUDE conf.d/*.conf\n"
+        "SchedulerParameters=a,\\\nb   # continued\n"
+        "PrologEpilogTimeout=9 # comment\n  epilog=/x/y\nNodeName=n1 Epilog=/wrong\n"
+        "PartitionName=p DefMemPerCPU=100\n")
+    conf = parse_slurm_conf(tmp_path / "slurm.conf")
+    assert conf.get("jobrequeue") == "0"  # from the include, read after line 1
+    assert conf.get("MinJobAge") == "1"
+    assert conf.get("KillWait") == "5"  # the loop is followed a bounded number of times
+    assert conf.items("SchedulerParameters") == ["a", "b"]
+    assert conf.get("PrologEpilogTimeout") == "9"
+    assert conf.get("Epilog") == "/x/y"
+    assert conf.values["epilog"][2] == 7
+    assert conf.get("DefMemPerCPU") is None  # a partition's, not the cluster's
+    assert conf.missing == []
+
+
+def test_an_include_that_matches_nothing(node: Node) -> None:
+    with node.conf.open("a") as handle:
+        handle.write("Include site.d/*.conf\n")
+    failed = _failed(node.diagnose())
+    finding = failed["slurm.conf"]
+    assert finding.detail.startswith(f"{node.conf}:18: Include site.d/*.conf: no such file")
+    assert "slurm.commands" in failed  # not run: they would retry the include for minutes
+
+
+def test_render_table_lists_each_fix_under_its_check() -> None:
+    text = render_table([Finding("config", "pass", "ok", "never shown"),
+                         Finding("slurm.prolog", "fail", "two\nlines", "do this"),
+                         Finding("x", "warn", "hmm", "maybe")])
+    assert text.splitlines() == [
+        "jobwrap doctor: 1 passed, 1 warning, 1 failed",
+        "PASS  config        ok",
+        "FAIL  slurm.prolog  two",
+        "                    lines",
+        "                    fix: do this",
+        "WARN  x             hmm",
+        "                    fix: maybe",
+    ]

@@ -1,0 +1,129 @@
+"""``jobwrap install-lua``: the site defaults from the config, written atomically."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.fixtures.lua import luarun
+from wrapper import config
+from wrapper.cli import cli
+from wrapper.install_lua import (
+    InstallError,
+    SiteDefaults,
+    install,
+    render,
+    signal_of,
+    template,
+)
+
+
+def _site_value(text: str, key: str) -> str:
+    match = re.search(rf"^\s+{key} = (.*),$", text, re.M)
+    assert match, key
+    return match.group(1)
+
+
+def test_the_template_holds_the_default_site() -> None:
+    text = template()
+    assert render(SiteDefaults()) == text
+    assert _site_value(text, "signal_number") == "10"
+
+
+def test_site_from_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "jobwrap.toml"
+    path.write_text('[supervisor]\nwalltime_signal = "SIGUSR2"\nwalltime_lead = 120.4\n'
+                    "[restart]\nmax_restarts = 7\n")
+    site = SiteDefaults.from_config(config.load(str(path)), max_restarts_limit=9)
+    assert site == SiteDefaults(requeue=True, max_restarts=7, max_restarts_limit=9,
+                                signal_name="USR2", signal_number=12, signal_lead=120)
+    text = render(site, str(path))
+    assert _site_value(text, "max_restarts") == "7"
+    assert _site_value(text, "max_restarts_limit") == "9"
+    assert _site_value(text, "signal_name") == '"USR2"'
+    assert f"written by `jobwrap install-lua` from {path}" in text
+    # Only the SITE block changed.
+    assert text.split("-- END SITE")[1] == template().split("-- END SITE")[1]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("USR1", ("USR1", 10)), ("sigterm", ("TERM", 15)), ("12", ("USR2", 12)),
+    (" INT ", ("INT", 2)),
+])
+def test_signal_names(text: str, expected: tuple[str, int]) -> None:
+    assert signal_of(text) == expected
+
+
+@pytest.mark.parametrize("text", ["USR9", "", "B:USR1", "999"])
+def test_bad_signals_name_the_key(text: str) -> None:
+    with pytest.raises(InstallError, match=r"\[supervisor\] walltime_signal"):
+        signal_of(text)
+
+
+def test_a_lead_slurm_cannot_hold(tmp_path: Path) -> None:
+    path = tmp_path / "jobwrap.toml"
+    path.write_text("[supervisor]\nwalltime_lead = 70000\n")
+    with pytest.raises(InstallError, match="at most 65533 s"):
+        SiteDefaults.from_config(config.load(str(path)))
+
+
+def test_install_into_a_folder_replaces_atomically(tmp_path: Path) -> None:
+    old = tmp_path / "job_submit.lua"
+    old.write_text("-- the admin's old plugin\n")
+    inode = old.stat().st_ino
+    target = install(tmp_path, "return 0\n")
+    assert target == old
+    assert target.read_text() == "return 0\n"
+    assert target.stat().st_ino != inode  # a new file renamed over, never rewritten in place
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job_submit.lua"]
+
+
+def test_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        install(tmp_path / "missing-dir" / "job_submit.lua", "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_writes_a_plugin_that_runs(tmp_path: Path) -> None:
+    cfg = tmp_path / "jobwrap.toml"
+    cfg.write_text("[restart]\nmax_restarts = 0\n")
+    out = tmp_path / "etc"
+    out.mkdir()
+    result = CliRunner().invoke(cli, ["--config", str(cfg), "install-lua", str(out),
+                                      "--max-restarts-limit", "4"])
+    assert result.exit_code == 0, result.output
+    assert f"installed {out / 'job_submit.lua'}" in result.output
+    plugin = out / "job_submit.lua"
+    lua = luarun.require(luarun.interpreter_params()[0])
+    plain, over = luarun.run_cases([
+        luarun.submit_case("#!/bin/sh\ntrue\n"),
+        luarun.submit_case("#!/bin/sh\n#JOBWRAP --max-restarts=5\ntrue\n"),
+    ], tmp_path, lua=lua, plugin=plugin)
+    assert "set" not in plain  # max_restarts = 0: jobs are not made requeueable
+    assert over["user_msg"].endswith("this cluster allows at most 4 restarts")
+
+
+def test_cli_prints_with_a_dash(tmp_path: Path) -> None:
+    cfg = tmp_path / "jobwrap.toml"
+    cfg.write_text("")
+    result = CliRunner().invoke(cli, ["--config", str(cfg), "install-lua", "-",
+                                      "--no-requeue-default"])
+    assert result.exit_code == 0, result.output
+    assert _site_value(result.output, "requeue") == "false"
+    assert "function slurm_job_submit" in result.output
+
+
+def test_cli_reports_an_unwritable_path(tmp_path: Path) -> None:
+    cfg = tmp_path / "jobwrap.toml"
+    cfg.write_text("")
+    result = CliRunner().invoke(cli, ["--config", str(cfg), "install-lua",
+                                      str(tmp_path / "nope" / "job_submit.lua")])
+    assert result.exit_code == 2
+    assert "cannot write" in result.output
+    assert not os.path.exists(tmp_path / "nope")

@@ -1,0 +1,680 @@
+--[[
+jobwrap's job_submit.lua: checks a batch job's #JOBWRAP directives at submit time and
+makes the job self-healing (requeueable, with a pre-timeout checkpoint signal).
+
+Loaded by slurmctld's job_submit/lua plugin (slurm.conf: JobSubmitPlugins=lua; the file
+sits beside slurm.conf as job_submit.lua). Install it with `jobwrap install-lua PATH`,
+which fills SITE below from the jobwrap config.
+
+The directive rules and messages are those of wrapper/directives.py (parse_script), and
+for --stage-in/--stage-out those of wrapper/staging/spec.py, so a job is refused here,
+by sbatch, with the very message the prolog would have written hours later.
+tests/unit/test_lua_agreement.py holds them to the same table and to generated headers.
+
+Written for Lua 5.1 (what Debian's Slurm 22.05 plugin links) and 5.3: no goto, no
+integer division, no bit operators, no table.unpack.
+--]]
+
+-- BEGIN SITE (rewritten by `jobwrap install-lua`; edit the jobwrap config instead)
+local SITE = {
+    -- Make batch jobs requeueable unless they opt out (#JOBWRAP/#SBATCH --no-requeue).
+    requeue = true,
+    -- The site's --max-restarts default ([restart] max_restarts); 0 means jobs are not
+    -- restarted unless they ask, so they are not made requeueable either.
+    max_restarts = 3,
+    -- Jobs asking for more restarts than this are refused (-1: no limit).
+    max_restarts_limit = -1,
+    -- Pre-timeout checkpoint signal ([supervisor] walltime_signal / walltime_lead):
+    -- its number, and seconds before the time limit; 0 seconds: none.
+    signal_name = "USR1",
+    signal_number = 10,
+    signal_lead = 300,
+}
+-- END SITE
+
+local PREFIX = "#JOBWRAP"
+
+-- Declared once, in the order wrapper/directives.py's OPTIONS lists them (the order of
+-- the "valid options" in messages).
+local OPTIONS = {
+    { name = "--checkpoint-dir", kind = "path" },
+    { name = "--checkpoint-glob", kind = "text" },
+    { name = "--checkpoint-marker", kind = "text" },
+    { name = "--max-restarts", kind = "int" },
+    { name = "--hang-timeout", kind = "duration" },
+    { name = "--stage-in", kind = "spec" },
+    { name = "--stage-out", kind = "spec" },
+    { name = "--no-requeue", kind = "flag" },
+}
+local BY_NAME = {}
+local VALID_NAMES = {}
+for i, option in ipairs(OPTIONS) do
+    BY_NAME[option.name] = option
+    VALID_NAMES[i] = option.name
+end
+local VALID = table.concat(VALID_NAMES, ", ")
+
+-- Python's str.strip() for the ASCII whitespace it knows (\x1c-\x1f included).
+local WS = "[ \t\n\r\v\f\28\29\30\31]"
+
+local function strip(text)
+    return (text:gsub("^" .. WS .. "+", ""):gsub(WS .. "+$", ""))
+end
+
+local function starts_with(text, prefix)
+    return text:sub(1, #prefix) == prefix
+end
+
+-- Python's repr() of a str, for the ASCII range and the UTF-8 C1 controls, so that
+-- messages quote values exactly as wrapper/directives.py does.
+local function py_repr(text)
+    local quote = "'"
+    if text:find("'", 1, true) and not text:find('"', 1, true) then
+        quote = '"'
+    end
+    local out = {}
+    local i, n = 1, #text
+    while i <= n do
+        local c = text:sub(i, i)
+        local b = c:byte()
+        if c == "\\" then
+            out[#out + 1] = "\\\\"
+        elseif c == quote then
+            out[#out + 1] = "\\" .. quote
+        elseif c == "\t" then
+            out[#out + 1] = "\\t"
+        elseif c == "\n" then
+            out[#out + 1] = "\\n"
+        elseif c == "\r" then
+            out[#out + 1] = "\\r"
+        elseif b < 32 or b == 127 then
+            out[#out + 1] = string.format("\\x%02x", b)
+        elseif b == 0xC2 and i < n then
+            -- U+0080..U+00A0 and U+00AD are not printable: Python writes \xNN.
+            local nb = text:byte(i + 1)
+            if (nb >= 0x80 and nb <= 0xA0) or nb == 0xAD then
+                out[#out + 1] = string.format("\\x%02x", nb)
+            else
+                out[#out + 1] = text:sub(i, i + 1)
+            end
+            i = i + 1
+        else
+            out[#out + 1] = c
+        end
+        i = i + 1
+    end
+    return quote .. table.concat(out) .. quote
+end
+
+-- Python's splitlines() for the ASCII line boundaries.
+local function split_lines(script)
+    local lines = {}
+    local start, i, n = 1, 1, #script
+    while i <= n do
+        local c = script:sub(i, i)
+        if c == "\r" and script:sub(i + 1, i + 1) == "\n" then
+            lines[#lines + 1] = script:sub(start, i - 1)
+            i = i + 2
+            start = i
+        elseif c:find("[\n\r\v\f\28\29\30]") then
+            lines[#lines + 1] = script:sub(start, i - 1)
+            i = i + 1
+            start = i
+        else
+            i = i + 1
+        end
+    end
+    if start <= n then
+        lines[#lines + 1] = script:sub(start)
+    end
+    return lines
+end
+
+-- The lines of the script's header that start with `prefix` (like #SBATCH: the header
+-- ends at the first command), as {number, text after the prefix}.
+local function header_lines(script, prefix)
+    local out = {}
+    for number, raw in ipairs(split_lines(script)) do
+        local line = strip(raw)
+        local skip = (number == 1 and starts_with(line, "#!")) or line == ""
+        if not skip then
+            if line:sub(1, 1) ~= "#" then
+                break
+            end
+            local after = line:sub(#prefix + 1, #prefix + 1)
+            if starts_with(line, prefix) and (after == "" or after:find(WS)) then
+                out[#out + 1] = { number, strip(line:sub(#prefix + 1)) }
+            end
+        end
+    end
+    return out
+end
+
+-- Python's shlex.split(text, comments=False): POSIX quoting; returns the words, or
+-- nil and shlex's own error text.
+local function shell_words(text)
+    local words = {}
+    local token, quoted = nil, false
+    local state = " "       -- " " between words, "a" in a word, "'"/'"' in quotes
+    local i, n = 1, #text
+    local function finish()
+        if token ~= nil or quoted then
+            words[#words + 1] = token or ""
+        end
+        token, quoted = nil, false
+    end
+    while i <= n do
+        local c = text:sub(i, i)
+        if state == "'" then
+            if c == "'" then
+                state = "a"
+            else
+                token = (token or "") .. c
+            end
+        elseif state == '"' then
+            if c == '"' then
+                state = "a"
+            elseif c == "\\" then
+                if i == n then
+                    return nil, "No escaped character"
+                end
+                local nextc = text:sub(i + 1, i + 1)
+                -- Inside double quotes a backslash escapes only " and \ (and stays).
+                if nextc ~= '"' and nextc ~= "\\" then
+                    token = (token or "") .. "\\"
+                end
+                token = (token or "") .. nextc
+                i = i + 1
+            else
+                token = (token or "") .. c
+            end
+        elseif c == " " or c == "\t" or c == "\r" or c == "\n" then
+            if state == "a" then
+                finish()
+            end
+            state = " "
+        elseif c == "'" or c == '"' then
+            quoted = true
+            token = token or ""
+            state = c
+        elseif c == "\\" then
+            if i == n then
+                return nil, "No escaped character"
+            end
+            token = (token or "") .. text:sub(i + 1, i + 1)
+            state = "a"
+            i = i + 1
+        else
+            token = (token or "") .. c
+            state = "a"
+        end
+        i = i + 1
+    end
+    if state == "'" or state == '"' then
+        return nil, "No closing quotation"
+    end
+    finish()
+    return words
+end
+
+-- Python's int() on a str: whitespace, a sign, digits with single underscores.
+local function py_int(text)
+    local body = strip(text)
+    local sign = 1
+    local first = body:sub(1, 1)
+    if first == "+" or first == "-" then
+        if first == "-" then
+            sign = -1
+        end
+        body = body:sub(2)
+    end
+    if not body:find("^%d[%d_]*$") or body:find("__") or body:sub(-1) == "_" then
+        return nil
+    end
+    return sign * tonumber((body:gsub("_", "")))
+end
+
+-- wrapper.directives.parse_duration: seconds, or nil when it is no duration.
+local function parse_duration(text)
+    local value = strip(text):lower()
+    if value == "" then
+        return nil
+    end
+    if value:find("^%d+$") then
+        return tonumber(value)
+    end
+    if value:find(":", 1, true) or value:find("-", 1, true) then
+        local days = 0
+        local dash = value:find("-", 1, true)
+        if dash then
+            days = py_int(value:sub(1, dash - 1))
+            if days == nil then
+                return nil
+            end
+            value = value:sub(dash + 1)
+        end
+        local parts = {}
+        for piece in (value .. ":"):gmatch("([^:]*):") do
+            local number = py_int(piece)
+            if number == nil or number < 0 then
+                return nil
+            end
+            parts[#parts + 1] = number
+        end
+        if #parts > 3 then
+            return nil
+        end
+        while #parts < 3 do
+            table.insert(parts, 1, 0)
+        end
+        return days * 86400 + parts[1] * 3600 + parts[2] * 60 + parts[3]
+    end
+    -- (\d+d)?(\d+h)?(\d+m)?(\d+s)?, at least one of them.
+    local total, pos, any = 0, 1, false
+    local units = { { "d", 86400 }, { "h", 3600 }, { "m", 60 }, { "s", 1 } }
+    for _, unit in ipairs(units) do
+        local digits = value:match("^(%d+)" .. unit[1], pos)
+        if digits then
+            total = total + tonumber(digits) * unit[2]
+            pos = pos + #digits + 1
+            any = true
+        end
+    end
+    if not any or pos <= #value then
+        return nil
+    end
+    return total
+end
+
+-- Stage specs: the rules and messages of wrapper/staging/spec.py (parse_stage_in,
+-- parse_stage_out), which the prolog applies. SRC of a stage-in and DEST of a stage-out
+-- are on shared storage; the other side must stay inside the job's scratch folder.
+local MAX_PATH_BYTES = 4095
+local MAX_NAME_BYTES = 255
+local STAGE_IN_USAGE = "--stage-in=SRC[:DEST[:unpack]]"
+local STAGE_OUT_USAGE = "--stage-out=SRC:DEST"
+
+local function split_on(text, sep)
+    local parts = {}
+    for piece in (text .. sep):gmatch("([^" .. sep .. "]*)" .. sep) do
+        parts[#parts + 1] = piece
+    end
+    return parts
+end
+
+-- Python's posixpath.normpath.
+local function normpath(path)
+    if path == "" then
+        return "."
+    end
+    local initial = 0
+    if starts_with(path, "/") then
+        initial = (starts_with(path, "//") and not starts_with(path, "///")) and 2 or 1
+    end
+    local comps = {}
+    for _, comp in ipairs(split_on(path, "/")) do
+        if comp ~= "" and comp ~= "." then
+            if comp ~= ".." or (initial == 0 and #comps == 0)
+                or (#comps > 0 and comps[#comps] == "..") then
+                comps[#comps + 1] = comp
+            elseif #comps > 0 then
+                comps[#comps] = nil
+            end
+        end
+    end
+    local out = string.rep("/", initial) .. table.concat(comps, "/")
+    return out ~= "" and out or "."
+end
+
+local function common_checks(text, where, tilde_hint)
+    if text == "" then
+        return where .. " is empty; give a path"
+    end
+    local bad = text:match("[\1-\31\127]")
+    if bad then
+        return string.format("%s contains the control character %s; use printable names",
+            where, py_repr(bad))
+    end
+    if #text > MAX_PATH_BYTES then
+        return string.format("%s is longer than %d bytes; use a shorter path", where,
+            MAX_PATH_BYTES)
+    end
+    if starts_with(text, "~") then
+        return string.format("%s starts with '~', which is not expanded; %s", where, tilde_hint)
+    end
+    return nil
+end
+
+-- A path inside the scratch folder: nil when it is fine, else the message.
+local function scratch_path(text, directive, role)
+    local where = string.format("%s: %s %s", directive, role, py_repr(text))
+    local problem = common_checks(text, where, "name a path inside the scratch folder, "
+        .. "e.g. 'data'")
+    if problem then
+        return problem
+    end
+    if starts_with(text, "/") then
+        local example = text:gsub("^/+", ""):gsub("/+$", "")
+        return string.format("%s is absolute; %s is relative to the job's scratch folder, "
+            .. "e.g. %s", where, role, py_repr(example ~= "" and example or "data"))
+    end
+    local parts = {}
+    for _, part in ipairs(split_on(text, "/")) do
+        if part ~= "" and part ~= "." then
+            parts[#parts + 1] = part
+        end
+    end
+    for _, part in ipairs(parts) do
+        if part == ".." then
+            return where .. " uses '..' to leave the scratch folder; name a path inside it, "
+                .. "e.g. 'data'"
+        end
+    end
+    for _, part in ipairs(parts) do
+        if #part > MAX_NAME_BYTES then
+            return string.format("%s has a component longer than %d bytes; use shorter names",
+                where, MAX_NAME_BYTES)
+        end
+    end
+    return nil
+end
+
+-- A path on shared storage: the value it is used as, or nil and the message.
+local function shared_path(text, directive, role)
+    local where = string.format("%s: %s %s", directive, role, py_repr(text))
+    local problem = common_checks(text, where, "write the full path")
+    if problem then
+        return nil, problem
+    end
+    return text == "/" and text or normpath(text)
+end
+
+local function split_spec(value, directive, usage)
+    if value == "" then
+        return nil, string.format("%s: the value is empty; write %s", directive, usage)
+    end
+    if value:find("://", 1, true) then
+        return nil, string.format("%s: this looks like a URL; staging copies paths on file "
+            .. "systems mounted on the node: write %s", directive, usage)
+    end
+    local parts = split_on(value, ":")
+    if #parts > 3 then
+        return nil, string.format("%s: too many ':' (SRC and DEST cannot contain ':'); "
+            .. "write %s", directive, usage)
+    end
+    return parts
+end
+
+local function check_stage_in(value)
+    local directive = "--stage-in=" .. value
+    local parts, problem = split_spec(value, directive, STAGE_IN_USAGE)
+    if parts == nil then
+        return problem
+    end
+    if #parts == 3 and parts[3] ~= "unpack" then
+        return string.format("%s: unknown mode %s; the only mode is 'unpack' "
+            .. "(--stage-in=SRC:DEST:unpack)", directive, py_repr(parts[3]))
+    end
+    local source
+    source, problem = shared_path(parts[1], directive, "SRC")
+    if source == nil then
+        return problem
+    end
+    if #parts >= 2 then
+        return scratch_path(parts[2], directive, "DEST")
+    end
+    local name = normpath(source):match("([^/]*)$")
+    if name == "" or name == "." or name == ".." then
+        return string.format("%s: cannot name the copy after SRC %s; give DEST: "
+            .. "--stage-in=SRC:DEST", directive, py_repr(source))
+    end
+    return scratch_path(name, directive, "DEST")
+end
+
+local function check_stage_out(value)
+    local directive = "--stage-out=" .. value
+    local parts, problem = split_spec(value, directive, STAGE_OUT_USAGE)
+    if parts == nil then
+        return problem
+    end
+    if #parts ~= 2 then
+        return directive .. ": expected SRC:DEST (SRC inside the scratch folder, DEST on "
+            .. "shared storage), e.g. --stage-out=results:/shared/me/run1"
+    end
+    problem = scratch_path(parts[1], directive, "SRC")
+    if problem then
+        return problem
+    end
+    local _
+    _, problem = shared_path(parts[2], directive, "DEST")
+    return problem
+end
+
+-- wrapper.directives._convert: the value, or nil and the message.
+local function convert(option, value, where, previous)
+    local name = option.name
+    if value:find("\0", 1, true) or value:find("\n", 1, true) then
+        return nil, string.format("%s: %s value holds a control character", where, name)
+    end
+    if option.kind == "int" then
+        if not value:find("^%d+$") then
+            return nil, string.format("%s: %s=%s: expected a whole number >= 0, e.g. %s=3",
+                where, name, py_repr(value), name)
+        end
+        return tonumber(value)
+    end
+    if option.kind == "duration" then
+        local seconds = parse_duration(value)
+        if seconds == nil then
+            return nil, string.format("%s: %s=%s: expected a duration such as 90s, 30m, "
+                .. "1h30m or 01:30:00", where, name, py_repr(value))
+        end
+        if seconds <= 0 then
+            return nil, string.format("%s: %s must be longer than 0 s", where, name)
+        end
+        return seconds
+    end
+    if value == "" then
+        return nil, string.format("%s: %s needs a non-empty value", where, name)
+    end
+    if option.kind == "spec" then
+        local check = name == "--stage-in" and check_stage_in or check_stage_out
+        local problem = check(value)
+        if problem then
+            return nil, where .. ": " .. problem
+        end
+        local list = {}
+        for _, item in ipairs(previous or {}) do
+            list[#list + 1] = item
+        end
+        list[#list + 1] = value
+        return list
+    end
+    return value
+end
+
+-- wrapper.directives.parse_args over {number, word} items.
+local function parse_words(items)
+    local values = {}
+    local given = {} -- name -> {line number, the value as written}, for site messages
+    local i = 1
+    while i <= #items do
+        local number, word = items[i][1], items[i][2]
+        local where = "#JOBWRAP line " .. number
+        local name, value
+        local eq = word:find("=", 1, true)
+        if eq then
+            name, value = word:sub(1, eq - 1), word:sub(eq + 1)
+        else
+            name = word
+        end
+        local option = BY_NAME[name]
+        if option == nil then
+            return nil, string.format("%s: unknown option %s; valid options: %s", where,
+                py_repr(name), VALID)
+        end
+        if option.kind == "flag" then
+            if eq then
+                return nil, string.format("%s: %s takes no value", where, name)
+            end
+            values[name] = true
+            i = i + 1
+        else
+            if not eq then
+                if i + 1 > #items or starts_with(items[i + 1][2], "--") then
+                    return nil, string.format("%s: %s needs a value (%s=VALUE)", where,
+                        name, name)
+                end
+                value = items[i + 1][2]
+                i = i + 1
+            end
+            i = i + 1
+            local converted, problem = convert(option, value, where, values[name])
+            if problem then
+                return nil, problem
+            end
+            values[name] = converted
+            given[name] = { number, value }
+        end
+    end
+    return values, given
+end
+
+-- wrapper.directives.parse_script: the options by name, or nil and the message.
+-- Every line is split before any option is read, as there: a quoting error anywhere
+-- is reported first.
+local function parse_script(script)
+    local items = {}
+    for _, line in ipairs(header_lines(script, PREFIX)) do
+        local number, text = line[1], line[2]
+        local words, problem = shell_words(text)
+        if words == nil then
+            return nil, string.format("#JOBWRAP line %d: %s in %s", number, problem,
+                py_repr(text))
+        end
+        for _, word in ipairs(words) do
+            items[#items + 1] = { number, word }
+        end
+    end
+    return parse_words(items)
+end
+
+-- Whether an #SBATCH line of the header says --no-requeue.
+local function sbatch_no_requeue(script)
+    local found = false
+    for _, line in ipairs(header_lines(script, "#SBATCH")) do
+        for _, word in ipairs(shell_words(line[2]) or {}) do
+            if word == "--no-requeue" then
+                found = true
+            elseif word == "--requeue" then
+                found = false -- sbatch: the later of the two wins
+            end
+        end
+    end
+    return found
+end
+
+local function no_val16()
+    return (slurm and slurm.NO_VAL16) or 65534
+end
+
+local function is_unset16(value)
+    return value == nil or value == no_val16()
+end
+
+-- Requeue: the job's explicit choice wins; #JOBWRAP --no-requeue always does.
+local function decide_requeue(job_desc, options, script)
+    if options["--no-requeue"] then
+        return 0, "#JOBWRAP --no-requeue"
+    end
+    if not is_unset16(job_desc.requeue) then
+        return nil, "the job's own --requeue/--no-requeue"
+    end
+    if sbatch_no_requeue(script) then
+        return 0, "#SBATCH --no-requeue"
+    end
+    local restarts = options["--max-restarts"]
+    if restarts == nil then
+        restarts = SITE.max_restarts
+    end
+    if not SITE.requeue or restarts == 0 then
+        return nil, "no restarts wanted"
+    end
+    return 1, "jobwrap restarts failed jobs"
+end
+
+-- The pre-timeout signal (sbatch --signal=SIG@LEAD). Slurm's job_submit/lua plugin
+-- (22.05, and every release up to the one this was written against) exposes no
+-- warn_signal/warn_time/warn_flags fields: reading them gives nil and setting them only
+-- logs "unrecognized field". So they are set only where the plugin reads them back as
+-- numbers; elsewhere jobwrap's supervisor sends the same signal at the same lead
+-- ([supervisor] walltime_signal / walltime_lead).
+local function add_signal(job_desc)
+    if SITE.signal_lead <= 0 or SITE.signal_number <= 0 then
+        return "off"
+    end
+    local current = job_desc.warn_signal
+    if type(current) ~= "number" then
+        return "left to the supervisor"
+    end
+    if current ~= 0 and current ~= no_val16() then
+        return "the job's own"
+    end
+    job_desc.warn_signal = SITE.signal_number
+    job_desc.warn_time = SITE.signal_lead
+    -- No KILL_JOB_BATCH flag: the job's steps get it, as from the supervisor.
+    job_desc.warn_flags = 0
+    return string.format("%s@%d", SITE.signal_name, SITE.signal_lead)
+end
+
+local function refuse(message)
+    -- log_user formats its arguments like string.format: never pass text as the format.
+    slurm.log_user("%s", message)
+    return slurm.ERROR
+end
+
+local function submit(job_desc, submit_uid)
+    local script = job_desc.script
+    if script == nil then
+        return slurm.SUCCESS -- srun/salloc: no batch script, nothing of ours to check
+    end
+    local options, given = parse_script(script)
+    if options == nil then
+        slurm.log_info("jobwrap: refused a job of uid %s: %s", tostring(submit_uid), given)
+        return refuse(given)
+    end
+    local restarts = options["--max-restarts"]
+    local limit = SITE.max_restarts_limit
+    if restarts ~= nil and limit >= 0 and restarts > limit then
+        local where = given["--max-restarts"]
+        return refuse(string.format("#JOBWRAP line %d: --max-restarts=%s: this cluster "
+            .. "allows at most %d restarts", where[1], py_repr(where[2]), limit))
+    end
+    local requeue, why = decide_requeue(job_desc, options, script)
+    if requeue ~= nil then
+        job_desc.requeue = requeue
+    end
+    local signal = add_signal(job_desc)
+    slurm.log_debug("jobwrap: job of uid %s: requeue=%s (%s), pre-timeout signal: %s",
+        tostring(submit_uid), tostring(requeue), why, signal)
+    return slurm.SUCCESS
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+    local ok, rc = pcall(submit, job_desc, submit_uid)
+    if ok then
+        return rc
+    end
+    -- A bug of ours must not stop a cluster from taking jobs: say it loudly, accept.
+    slurm.log_error("jobwrap job_submit.lua: internal error, job accepted unchecked: %s",
+        tostring(rc))
+    return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+    -- scontrol update never carries a batch script: nothing of ours to check.
+    return slurm.SUCCESS
+end
+
+slurm.log_debug("jobwrap job_submit.lua loaded")
+return slurm.SUCCESS

@@ -1,0 +1,400 @@
+"""Prometheus metrics in a node_exporter textfile, which every hook updates in place.
+
+node_exporter's textfile collector reads ``*.prom`` files whole, so each update is a
+read-merge-write of the one file (``[metrics] textfile``) under an exclusive lock on a
+``.lock`` file beside it, written to a temporary file and renamed over the old one: the
+collector never sees half a file, and the prolog, the epilog and the login guard each
+change only their own series. The format is written by hand (the text exposition format
+0.0.4) because prometheus-client is not a dependency of the hooks.
+
+Series written by the helpers (every one also gets ``node`` when a node name is given):
+
+- ``jobwrap_node_check{check,gpu,verdict}`` gauge, 1 for a check's current verdict
+  (pass/warn/fail) and 0 for the other two; ``gpu=""`` for node-wide checks.
+- ``jobwrap_node_healthy`` gauge, 1 when no check failed; and
+  ``jobwrap_node_check_timestamp_seconds`` gauge, when they last ran.
+- ``jobwrap_job_failures_total{class,action}`` counter (action: requeue or stop), and
+  ``jobwrap_restarts_total{class}`` counter, the requeues, by failure class.
+- ``jobwrap_staged_bytes_total{direction,source}`` counter (direction: in/out; source:
+  copy or cache), ``jobwrap_staged_files_total{direction}``,
+  ``jobwrap_stage_cache_hits_total`` and ``jobwrap_stage_cache_misses_total`` counters.
+- ``jobwrap_login_guard_actions_total{rule,action}`` counter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import math
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wrapper.config import MetricsConfig
+from wrapper.errors import JobwrapError
+
+Labels = tuple[tuple[str, str], ...]
+TYPES = ("counter", "gauge", "untyped")
+VERDICTS = ("pass", "warn", "fail")
+
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_SAMPLE_HEAD = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{?)")
+_LABEL_START = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"')
+_LABELS_END = re.compile(r"\s*\}")
+_LABEL_SEP = re.compile(r"\s*(,|\})")
+
+
+class MetricsError(JobwrapError):
+    """The metrics textfile could not be read, locked or written."""
+
+
+def labels(**pairs: object) -> Labels:
+    """``labels(check="ecc", gpu=0)`` -> a sorted label tuple (the key of one series)."""
+    return normalise({k: str(v) for k, v in pairs.items()}.items())
+
+
+def normalise(pairs: Iterable[tuple[str, str]]) -> Labels:
+    """One order for a series' labels, so that the same series is never written twice."""
+    out = tuple(sorted((str(k), str(v)) for k, v in pairs))
+    for name, _ in out:
+        if not _LABEL.match(name) or name.startswith("__"):
+            raise MetricsError(f"{name!r} is not a Prometheus label name")
+    if len({name for name, _ in out}) != len(out):
+        raise MetricsError(f"a label is given twice in {out}")
+    return out
+
+
+@dataclass
+class Family:
+    name: str
+    help: str = ""
+    type: str = "untyped"
+    samples: dict[Labels, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One family's update: set (or, with ``add``, increase) the given series.
+
+    ``replace_where`` first drops the family's series whose labels include all of those
+    pairs (``{}``: every series), so a snapshot (a node's check verdicts) can replace the
+    previous one without leaving series of checks that no longer run.
+    """
+
+    family: str
+    help: str
+    type: str
+    samples: Mapping[Labels, float]
+    add: bool = False
+    replace_where: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.family):
+            raise MetricsError(f"{self.family!r} is not a Prometheus metric name")
+        if self.type not in TYPES:
+            raise MetricsError(f"metric type {self.type!r}: expected one of {', '.join(TYPES)}")
+        if self.type == "counter" and not self.family.endswith("_total"):
+            # Prometheus' convention, and its parsers rename counters that break it.
+            raise MetricsError(f"counter {self.family!r}: a counter's name ends with _total")
+
+
+def update(path: str, family: str, help: str, type: str,
+           samples: Mapping[Labels, float], *, add: bool = False,
+           replace_where: Mapping[str, str] | None = None, lock_timeout: float = 5.0) -> None:
+    """Set (``add``: increase) the series ``samples`` of ``family`` in the textfile."""
+    apply(path, [Change(family, help, type, samples, add, replace_where)],
+          lock_timeout=lock_timeout)
+
+
+def apply(path: str, changes: Iterable[Change], *, lock_timeout: float = 5.0) -> None:
+    """Make every change in one locked read-merge-write of the textfile."""
+    target = Path(path)
+    with _locked(target, lock_timeout):
+        families = read(target)
+        for change in changes:
+            _merge(families, change)
+        _write(target, render(families))
+
+
+def read(path: Path) -> dict[str, Family]:
+    """The families in a textfile (none when it does not exist)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise MetricsError(f"cannot read {path}: {exc.strerror}") from None
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+        return parse(handle.read())
+
+
+def parse(text: str) -> dict[str, Family]:
+    """Read the text format; a line that does not parse is dropped, never fatal (a
+    hand-edited or truncated file must not stop the hooks from writing theirs)."""
+    families: dict[str, Family] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            words = line.split(None, 3)
+            if len(words) >= 3 and words[1] in ("HELP", "TYPE") and _NAME.match(words[2]):
+                fam = families.setdefault(words[2], Family(words[2]))
+                rest = words[3] if len(words) == 4 else ""
+                if words[1] == "HELP":
+                    fam.help = _unescape(rest)
+                elif rest in TYPES:
+                    fam.type = rest
+            continue
+        sample = _parse_sample(line)
+        if sample is not None:
+            name, series, value = sample
+            families.setdefault(name, Family(name)).samples[series] = value
+    return families
+
+
+def render(families: Mapping[str, Family]) -> str:
+    out: list[str] = []
+    for name in sorted(families):
+        fam = families[name]
+        if not fam.samples:
+            continue
+        if fam.help:
+            out.append(f"# HELP {name} {_escape(fam.help, help_text=True)}")
+        out.append(f"# TYPE {name} {fam.type}")
+        for series in sorted(fam.samples):
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in series)
+            out.append(f"{name}{{{text}}} {_number(fam.samples[series])}" if text
+                       else f"{name} {_number(fam.samples[series])}")
+    return "\n".join(out) + "\n" if out else ""
+
+
+# -- helpers for the hooks -----------------------------------------------------------------
+def record_node_health(cfg: MetricsConfig, results: Iterable[tuple[str, str, str]], *,
+                       node: str = "", now: float | None = None) -> bool:
+    """A node's check verdicts, as (check, gpu or "", verdict); replaces the last ones."""
+    node_labels = {"node": node} if node else {}
+    samples: dict[Labels, float] = {}
+    healthy = 1.0
+    for check, gpu, verdict in results:
+        if verdict not in VERDICTS:
+            raise MetricsError(f"verdict {verdict!r}: expected one of {', '.join(VERDICTS)}")
+        healthy = 0.0 if verdict == "fail" else healthy
+        for state in VERDICTS:
+            key = labels(check=check, gpu=gpu, verdict=state, **node_labels)
+            samples[key] = 1.0 if state == verdict else 0.0
+    return _apply_quietly(cfg, [
+        Change("jobwrap_node_check", "Verdict of a jobwrap check (1: the current one).",
+               "gauge", samples, replace_where=node_labels),
+        Change("jobwrap_node_healthy", "1 when no jobwrap check failed on the node.",
+               "gauge", {labels(**node_labels): healthy}),
+        Change("jobwrap_node_check_timestamp_seconds", "When jobwrap's checks last ran.",
+               "gauge", {labels(**node_labels): time.time() if now is None else now}),
+    ])
+
+
+def record_failure(cfg: MetricsConfig, failure_class: str, *, requeued: bool,
+                   node: str = "") -> bool:
+    """A failed job attempt, by class; a requeue also counts as a restart."""
+    extra = {"node": node} if node else {}
+    action = "requeue" if requeued else "stop"
+    changes = [Change("jobwrap_job_failures_total", "Failed job attempts, by failure class "
+                      "and what jobwrap did.", "counter",
+                      {labels(action=action, **{"class": failure_class}, **extra): 1.0},
+                      add=True)]
+    if requeued:
+        changes.append(Change("jobwrap_restarts_total", "Jobs requeued by jobwrap, by "
+                              "failure class.", "counter",
+                              {labels(**{"class": failure_class}, **extra): 1.0}, add=True))
+    return _apply_quietly(cfg, changes)
+
+
+def record_staging(cfg: MetricsConfig, *, direction: str, bytes_copied: int,
+                   bytes_from_cache: int = 0, files: int = 0, cache_hits: int = 0,
+                   cache_misses: int = 0, node: str = "") -> bool:
+    """What one staging (direction ``in`` or ``out``) moved, and how the cache did."""
+    extra = {"node": node} if node else {}
+    return _apply_quietly(cfg, [
+        Change("jobwrap_staged_bytes_total", "Bytes staged, by direction and by source "
+               "(copy: read from the source; cache: served from the node cache).", "counter",
+               {labels(direction=direction, source="copy", **extra): float(bytes_copied),
+                labels(direction=direction, source="cache", **extra): float(bytes_from_cache)},
+               add=True),
+        Change("jobwrap_staged_files_total", "Files staged, by direction.", "counter",
+               {labels(direction=direction, **extra): float(files)}, add=True),
+        Change("jobwrap_stage_cache_hits_total", "Staged datasets served from the node "
+               "cache.", "counter", {labels(**extra): float(cache_hits)}, add=True),
+        Change("jobwrap_stage_cache_misses_total", "Staged datasets copied because the "
+               "node cache did not hold them.", "counter",
+               {labels(**extra): float(cache_misses)}, add=True),
+    ])
+
+
+def record_login_guard(cfg: MetricsConfig, *, rule: str, action: str,
+                       node: str = "") -> bool:
+    """One login-guard step (warn, throttle, terminate) taken for a rule (cpu, memory, ...)."""
+    extra = {"node": node} if node else {}
+    return _apply_quietly(cfg, [
+        Change("jobwrap_login_guard_actions_total", "Login-guard actions, by rule and "
+               "action.", "counter", {labels(rule=rule, action=action, **extra): 1.0},
+               add=True),
+    ])
+
+
+def _apply_quietly(cfg: MetricsConfig, changes: list[Change]) -> bool:
+    """Metrics never fail a hook: a write that fails is logged as a warning; False then."""
+    if not cfg.textfile:
+        return False
+    try:
+        apply(cfg.textfile, changes, lock_timeout=cfg.lock_timeout)
+    except (MetricsError, OSError) as exc:
+        from wrapper import log
+
+        log.get().warning("metrics.write_failed", path=cfg.textfile, error=str(exc))
+        return False
+    return True
+
+
+# -- internals -----------------------------------------------------------------------------
+def _merge(families: dict[str, Family], change: Change) -> None:
+    fam = families.get(change.family)
+    if fam is None or fam.type not in (change.type, "untyped"):
+        fam = families[change.family] = Family(change.family)  # a new type: start over
+    fam.help, fam.type = change.help, change.type
+    if change.replace_where is not None:
+        where = set(change.replace_where.items())
+        fam.samples = {k: v for k, v in fam.samples.items() if not where <= set(k)}
+    for series, value in change.samples.items():
+        key = normalise(series)
+        number = float(value)
+        fam.samples[key] = fam.samples.get(key, 0.0) + number if change.add else number
+
+
+@contextlib.contextmanager
+def _locked(target: Path, timeout: float) -> Iterator[None]:
+    lock = target.with_name(target.name + ".lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise MetricsError(f"cannot open the lock {lock}: {exc.strerror}") from None
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise MetricsError(f"cannot lock {lock}: {exc.strerror}") from None
+                if time.monotonic() >= deadline:
+                    raise MetricsError(f"{lock} is held by another writer for more than "
+                                       f"{timeout:g} s") from None
+                time.sleep(0.005)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write(target: Path, text: str) -> None:
+    # Not *.prom: node_exporter never reads the temporary file.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # node_exporter runs as its own user
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise MetricsError(f"cannot write {target}: {exc.strerror}") from None
+
+
+def _parse_sample(line: str) -> tuple[str, Labels, float] | None:
+    head = _SAMPLE_HEAD.match(line)
+    if head is None:
+        return None
+    name, pos = head.group(1), head.end()
+    pairs: list[tuple[str, str]] = []
+    if head.group(2):
+        while True:
+            match = _LABEL_START.match(line, pos)
+            if match is None:
+                close = _LABELS_END.match(line, pos)
+                if close is None:
+                    return None
+                pos = close.end()
+                break
+            value, pos = _read_quoted(line, match.end())
+            if value is None:
+                return None
+            pairs.append((match.group(1), value))
+            sep = _LABEL_SEP.match(line, pos)
+            if sep is None:
+                return None
+            pos = sep.end()
+            if sep.group(1) == "}":
+                break
+    words = line[pos:].split()
+    if not words or len(words) > 2:
+        return None
+    try:
+        return name, normalise(pairs), _float(words[0])
+    except (ValueError, MetricsError):
+        return None
+
+
+def _read_quoted(line: str, pos: int) -> tuple[str | None, int]:
+    out: list[str] = []
+    while pos < len(line):
+        char = line[pos]
+        if char == "\\" and pos + 1 < len(line):
+            nxt = line[pos + 1]
+            out.append("\n" if nxt == "n" else nxt)
+            pos += 2
+        elif char == '"':
+            return "".join(out), pos + 1
+        else:
+            out.append(char)
+            pos += 1
+    return None, pos
+
+
+def _escape(text: str, *, help_text: bool = False) -> str:
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text if help_text else text.replace('"', '\\"')
+
+
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "\\n\"":
+            out.append("\n" if text[i + 1] == "n" else text[i + 1])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _float(text: str) -> float:
+    special = {"+inf": math.inf, "inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+    return special[text.lower()] if text.lower() in special else float(text)
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
