@@ -1,0 +1,113 @@
+"""Shared fixtures and builders of the archive tests (no tests of its own).
+
+The archive reads job files with the job user's rights, so these tests run as root with
+a real non-root user, ``jwtest``, as CI does.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wrapper.config import Config, parse
+from wrapper.jobrecord import JobRecord
+from wrapper.privileges import UserIds
+from wrapper.state import JobState
+
+USER = "jwtest"
+
+
+@pytest.fixture(scope="module")
+def user() -> UserIds:
+    if os.geteuid() != 0:
+        pytest.fail("the archive tests run as root (as CI does): they read as a real user")
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", USER], check=True)
+    entry = pwd.getpwnam(USER)
+    return UserIds.of(entry.pw_uid, entry.pw_gid)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A fresh folder the job user can traverse.
+
+    Not under pytest's tmp_path: every pytest run that starts (other test runs on this
+    machine included) sets /tmp/pytest-of-root back to 0700, which would lock the job
+    user out in the middle of a test.
+    """
+    path = Path(tempfile.mkdtemp(prefix="jobwrap-archive-test-", dir="/tmp"))
+    os.chmod(path, 0o755)  # noqa: S103
+    yield path
+    shutil.rmtree(path)
+
+
+def config(base: Path, **archive: Any) -> Config:
+    """A config whose state, archive and log live under ``base``."""
+    lines = [f'[paths]\nstate_dir = "{base}/state"\narchive_root = "{base}/archive"',
+             f'[log]\nfile = "{base}/jobwrap.log"', "[archive]"]
+    for key, value in archive.items():
+        rendered = f'"{value}"' if isinstance(value, str) else \
+            ("true" if value is True else "false" if value is False else repr(value))
+        if isinstance(value, tuple):
+            rendered = "[" + ", ".join(f'"{v}"' for v in value) + "]"
+        lines.append(f"{key} = {rendered}")
+    return parse("\n".join(lines).encode(), str(base / "config.toml"))
+
+
+def work_dir(base: Path, user: UserIds) -> Path:
+    work = base / "work"
+    work.mkdir(exist_ok=True)
+    os.chown(work, user.uid, user.gid)
+    return work
+
+
+def user_file(path: Path, user: UserIds, text: str) -> Path:
+    path.write_text(text)
+    os.chown(path, user.uid, user.gid)
+    return path
+
+
+def record(base: Path, user: UserIds, job_id: str = "42", **fields: Any) -> JobRecord:
+    values: dict[str, Any] = {
+        "job_id": job_id, "user": user.name, "uid": user.uid, "gid": user.gid,
+        "nodes": ["n1", "n2"], "gpus": [0, 1], "work_dir": str(base / "work"),
+        "stdout": str(base / "work" / f"job-{job_id}.out"), "stderr": "",
+        "time_limit_s": 3600.0, **fields}
+    return JobRecord(**values)
+
+
+def state(base: Path, user: UserIds, job_id: str = "42") -> JobState:
+    job = JobState(base / "state", job_id)
+    job.prepare(user.uid, user.gid)
+    return job
+
+
+def run_attempt(job: JobState, attempt: int, nodes: list[str], *, kind: str = "success",
+                decision: str = "done", checkpoints: tuple[int, ...] = ()) -> None:
+    """Record one attempt's events the way the hooks and the supervisor write them."""
+    for node in nodes:
+        job.append("prolog.context", node=node, hook="prolog", attempt=attempt,
+                   context={"nodes": nodes, "attempt": attempt, "partition": "gpu"})
+        job.append("health", node=node, attempt=attempt, phase="prolog", verdict="pass",
+                   failures=[], warnings=[])
+    for step in checkpoints:
+        job.append("checkpoint", as_user=True, attempt=attempt, hook="supervisor",
+                   path=f"/ckpt/step-{step}", step=step)
+    for node in nodes:
+        job.append("epilog.context", node=node, hook="epilog", attempt=attempt,
+                   context={"nodes": nodes, "attempt": attempt})
+    job.append("attempt.end", node=nodes[0], attempt=attempt, kind=kind,
+               detail=f"{kind} detail", exit_code=0 if kind == "success" else 1,
+               exit_signal=0, slurm_state="", decision=decision, reason=f"{decision} reason",
+               exclude=[], checkpoint_step=checkpoints[-1] if checkpoints else None,
+               checkpoint_path=f"/ckpt/step-{checkpoints[-1]}" if checkpoints else None)

@@ -1,0 +1,215 @@
+"""``jobwrap archive list|show|extract|prune`` and ``jobwrap status JOBID``.
+
+``--json`` output is a stable shape (keys are only ever added): ``archive list`` prints
+``[{user, job_id, path, updated_at, size, complete, name, attempts}]``; ``archive show``
+prints the manifest itself (docs/manifest.md); ``archive prune`` prints the removals,
+each an archive of ``list`` plus ``reason`` (age | size); ``status`` prints
+``{job_id, state, source, attempts: [AttemptSummary]}`` (source: "state" when read from
+this node's per-job state, "archive" when read from the job's manifest).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from wrapper import config as config_mod
+from wrapper.archive import status as status_mod
+from wrapper.archive import store
+from wrapper.config import Config
+from wrapper.errors import JobwrapError, UserInputError
+from wrapper.state import JobState
+
+
+def _config() -> Config:
+    root = click.get_current_context().find_root()
+    path: str | None = (root.obj or {}).get("config_path")
+    return config_mod.load(path)
+
+
+@click.group()
+def archive() -> None:
+    """List, show, extract and prune the archives of ended jobs (logs and manifest)."""
+
+
+@archive.command("list")
+@click.option("--user", metavar="NAME", default=None, help="Only this user's archives.")
+@click.option("--since", metavar="WHEN", default=None,
+              help="Only archives written since WHEN: a date (2024-05-01), a date and time "
+                   "(2024-05-01T12:00) or a time back from now (12h, 7d).")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
+def list_archives(user: str | None, since: str | None, as_json: bool) -> None:
+    """One line per archived job, oldest first."""
+    cfg = _config()
+    found = store.list_archives(cfg.paths.archive_root, user=user,
+                                since=parse_since(since, time.time()) if since else None)
+    if as_json:
+        click.echo(json.dumps([i.as_dict() for i in found], indent=2))
+        return
+    if not found:
+        click.echo("no archives", err=True)
+        return
+    click.echo(f"{'JOBID':<12} {'USER':<12} {'UPDATED':<19} {'SIZE':>9} {'TRIES':>5} "
+               f"{'STATE':<10} NAME")
+    for info in found:
+        click.echo(f"{info.job_id:<12} {info.user:<12} {_clock(info.updated_at):<19} "
+                   f"{_size(info.size):>9} {len(info.attempts):>5} "
+                   f"{'complete' if info.complete else 'incomplete':<10} {info.name}")
+
+
+@archive.command()
+@click.argument("job_id")
+@click.option("--user", metavar="NAME", default=None, help="The job's user (faster lookup).")
+@click.option("--json", "as_json", is_flag=True, help="The whole manifest, as JSON.")
+def show(job_id: str, user: str | None, as_json: bool) -> None:
+    """Summarize an archived job's manifest: job, attempts, code, exit, files."""
+    cfg = _config()
+    manifest = store.load_manifest(cfg.paths.archive_root, job_id, user)
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+    else:
+        click.echo(render_manifest(manifest), nl=False)
+
+
+@archive.command()
+@click.argument("job_id")
+@click.argument("dest", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--user", metavar="NAME", default=None, help="The job's user (faster lookup).")
+def extract(job_id: str, dest: str, user: str | None) -> None:
+    """Copy a job's archive into DIR, decompressed; never overwrites a file."""
+    cfg = _config()
+    written = store.extract(cfg.paths.archive_root, job_id, dest, user)
+    click.echo(f"extracted {len(written)} files into {dest}")
+
+
+@archive.command()
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
+def prune(dry_run: bool, as_json: bool) -> None:
+    """Remove whole job archives, oldest first, past [archive] max_age_days and max_total_gb."""
+    cfg = _config()
+    removals = store.prune(cfg.paths.archive_root, cfg.archive.max_age_days,
+                           int(cfg.archive.max_total_gb * (1 << 30)), time.time(),
+                           dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in removals], indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for removal in removals:
+        click.echo(f"{verb} {removal.info.path} ({_size(removal.info.size)}, "
+                   f"{removal.reason})")
+    freed = sum(r.info.size for r in removals)
+    click.echo(f"{verb} {len(removals)} archives, {_size(freed)}", err=True)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
+def status(job_id: str, as_json: bool) -> None:
+    """The timeline of a job's attempts: nodes, health, checkpoints, failures, decisions."""
+    cfg = _config()
+    attempts = status_mod.timeline(JobState(Path(cfg.paths.state_dir), job_id))
+    source = "state"
+    if not attempts:
+        source = "archive"
+        try:
+            manifest = store.load_manifest(cfg.paths.archive_root, job_id)
+        except JobwrapError:
+            raise UserInputError(f"no record of job {job_id}: nothing in this node's state "
+                                 f"({cfg.paths.state_dir}) nor in the archive "
+                                 f"({cfg.paths.archive_root})") from None
+        attempts = [status_mod.AttemptSummary.from_dict(a) for a in manifest.get("attempts")
+                    or []]
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "state": status_mod.job_state(attempts)
+                               if attempts else None, "source": source,
+                               "attempts": [a.as_dict() for a in attempts]}, indent=2))
+    else:
+        click.echo(status_mod.render(job_id, attempts), nl=False)
+
+
+# -- helpers -------------------------------------------------------------------------------
+def parse_since(text: str, now: float) -> float:
+    """``--since``: an ISO date or date-time (local time), or a duration back from ``now``."""
+    from wrapper.directives import parse_duration
+
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        pass
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a date (2024-05-01, 2024-05-01T12:00) "
+                                 "nor a duration (12h, 7d)", param_hint="--since") from None
+
+
+def render_manifest(manifest: dict[str, Any]) -> str:
+    """A manifest, summarized for a terminal."""
+    job = manifest.get("job") or {}
+    lines = [f"job {job.get('id')}" + (f" ({job['name']})" if job.get("name") else "")
+             + f"  user {job.get('user')}"
+             + (f"  account {job['account']}" if job.get("account") else "")
+             + (f"  partition {job['partition']}" if job.get("partition") else "")]
+    times = [f"{label} {_clock(job[key])}" for key, label in
+             (("submit_time", "submitted"), ("start_time", "started"), ("end_time", "ended"))
+             if job.get(key)]
+    if times:
+        lines.append("  ".join(times))
+    gpus = job.get("gpus") or {}
+    if gpus:
+        lines.append("gpus " + "; ".join(f"{node}: {_gpus(v)}" for node, v in gpus.items()))
+    code = manifest.get("code") or {}
+    if code.get("repository"):
+        dirty = "" if code.get("dirty") is None else \
+            f", dirty ({code.get('changes')} changes)" if code["dirty"] else ", clean"
+        lines.append(f"code {code.get('work_dir')} at {code.get('commit') or 'no commit'}"
+                     f"{dirty}")
+    elif code:
+        lines.append(f"code {code.get('work_dir')}: not a git repository"
+                     + (f" ({code['error']})" if code.get("error") else ""))
+    tool = manifest.get("jobwrap") or {}
+    lines.append(f"jobwrap {tool.get('version')}, config {tool.get('config_digest')}")
+    info = manifest.get("archive") or {}
+    missing = ", ".join(f"attempt {m['attempt']} on {m['node']}" for m in info.get("missing")
+                        or [])
+    lines.append("archive complete" if info.get("complete") else
+                 "archive INCOMPLETE" + (f": missing {missing}" if missing else
+                                         ": a part ran out of time"))
+    attempts = [status_mod.AttemptSummary.from_dict(a) for a in manifest.get("attempts") or []]
+    text = "\n".join(lines) + "\n\n" + status_mod.render(str(job.get("id")), attempts)
+    files = [f"  attempt-{a['attempt']}/{node}/{f['name']}  {f['status']}"
+             + (f"  {_size(int(f.get('size') or 0))}" if f.get("size") else "")
+             + ("  (truncated)" if f.get("truncated") else "")
+             + (f"  ({f['error']})" if f.get("error") else "")
+             for a in manifest.get("attempts") or []
+             for node, node_files in sorted((a.get("files") or {}).items())
+             for f in node_files if not f.get("same_as")]
+    if files:
+        text += "files\n" + "\n".join(files) + "\n"
+    return text
+
+
+def _gpus(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(str(g.get("uuid") or g.get("index")) if isinstance(g, dict) else str(g)
+                         for g in value) or "none"
+    return str(value)
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover - the loop always returns

@@ -1,0 +1,257 @@
+"""``manifest.json``: everything needed to rerun or debug a job, in one versioned document.
+
+Built from the job's events (what the hooks and the supervisor recorded), its record
+(``job.json``) and the parts of its archive (one per attempt and node: the files archived
+there and the facts the epilog passed in). Rebuilt, and rewritten atomically, each time
+a part is added, so it always describes what the archive holds. Times are seconds since
+the epoch (floats); a value that is not known is ``null``. ``schema_version`` changes
+only when a field changes meaning or goes away; fields are only ever added otherwise.
+
+Schema (version 1; ``docs/manifest.md`` says the same at more length)::
+
+    schema_version   1
+    generator        {name: "jobwrap", version}
+    updated_at       when this manifest was written
+    job              id, array_job_id, array_task_id, name, user, uid, gid, account, qos,
+                     partition, nodes (of the latest attempt), gpus ({node: [GPU]}: what the
+                     epilog passed, e.g. {index, uuid, serial}, else Slurm's GPU indices),
+                     limits ({time_limit_s, time_limit, req_tres, alloc_tres, min_memory,
+                     num_cpus}, those known), submit_time, start_time, end_time (only once
+                     the job is over), work_dir, stdout, stderr, options (its #JOBWRAP
+                     directives), options_error
+    attempts         one per attempt, in order: attempt, status (running | ending | ended),
+                     nodes, started_at, ended_at, health ([{node, phase, verdict, detail}]),
+                     checkpoints (count), latest_step, latest_checkpoint, checkpoint_list
+                     ([{path, step, ts}]), incidents (hang, GPU fault, walltime signal),
+                     outcome (the failure class: success, hardware, hang, ...), detail,
+                     exit_code, exit_signal, slurm_state, decision (requeue | stop | done),
+                     reason, excluded (nodes), staging ({node: summary}), code (the git
+                     facts read at its end), files ({node: [file]}), parts ({node:
+                     {archived_at, complete, recovered_by, problems}})
+    software         {node: what the epilog passed: driver, CUDA, NCCL, baseline, Python and
+                     packages, ...}, from the latest attempt that reported it
+    code             the latest attempt's git facts: {work_dir, repository, commit, dirty,
+                     changes, error}
+    jobwrap          {version, config_digest, config_source}
+    exit             the latest attempt's end: {attempt, status, outcome, exit_code,
+                     exit_signal, slurm_state, decision, final (no attempt will follow)}
+    archive          {complete, parts: [{attempt, node, archived_at, complete,
+                     recovered_by}], missing: [{attempt, node}]}: complete when every node
+                     of every attempt that has ended has its part, and no part ran out
+                     of time
+
+A file is ``{name, kind, source, status, size, source_size, stored, sha256, truncated,
+same_as, error}`` (``wrapper.archive.collect.ArchivedFile``): status is archived, partial,
+missing, refused (the job's user could not read it, or it is no regular file) or skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from wrapper import __version__
+from wrapper.archive.status import ENDED, RUNNING, AttemptSummary, summarize
+from wrapper.errors import JobwrapError
+from wrapper.jobrecord import JobRecord, parse_slurm_time
+from wrapper.privileges import UserIds, as_user
+from wrapper.runner import Runner
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def build(*, record: JobRecord, parts: list[dict[str, Any]], events: Iterable[dict[str, Any]],
+          config_digest: str, config_source: str, now: float) -> dict[str, Any]:
+    """The manifest of a job from its record, events and the archive's parts."""
+    parts = sorted(parts, key=lambda p: (int(p.get("attempt", 0)), str(p.get("node", ""))))
+    merged = merge_events([*events, *(e for p in parts for e in p.get("events") or [])])
+    summaries = summarize(merged)
+    attempts = {s.attempt: s.as_dict() for s in summaries}
+    slurm: dict[str, Any] = {}
+    software: dict[str, Any] = {}
+    gpus: dict[str, Any] = {}
+    for part in parts:
+        number, node = int(part.get("attempt", 0)), str(part.get("node", ""))
+        extra = part.get("extra") or {}
+        entry = attempts.setdefault(number, AttemptSummary(number).as_dict())
+        entry.setdefault("files", {})[node] = part.get("files") or []
+        entry.setdefault("parts", {})[node] = {
+            "archived_at": part.get("archived_at"), "complete": bool(part.get("complete")),
+            "recovered_by": part.get("recovered_by"), "problems": part.get("problems") or []}
+        if extra.get("staging") is not None:
+            entry.setdefault("staging", {})[node] = extra["staging"]
+        if isinstance(extra.get("health"), Mapping):
+            report = dict(extra["health"])
+            entry["health"].append({"node": node, "phase": str(report.pop("phase", "prolog")),
+                                    "verdict": str(report.pop("verdict", "")),
+                                    "detail": str(report.pop("detail", "")), **report})
+        if part.get("code") is not None:
+            entry["code"] = part["code"]
+        slurm.update(extra.get("slurm") or {})
+        if extra.get("software") is not None:
+            software[node] = extra["software"]
+        if part.get("gpus") is not None:
+            gpus[node] = part["gpus"]
+    ordered = [attempts[n] for n in sorted(attempts)]
+    for entry in ordered:
+        entry.setdefault("staging", {})
+        entry.setdefault("code", None)
+        entry.setdefault("files", {})
+        entry.setdefault("parts", {})
+    last = ordered[-1] if ordered else None
+    final = bool(last and last["status"] == ENDED and last.get("decision") != "requeue")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "generator": {"name": "jobwrap", "version": __version__},
+        "updated_at": now,
+        "job": _job(record, slurm, gpus, ordered, final, _partition(merged)),
+        "attempts": ordered,
+        "software": software,
+        "code": next((a["code"] for a in reversed(ordered) if a.get("code")), None),
+        "jobwrap": {"version": __version__, "config_digest": config_digest,
+                    "config_source": config_source},
+        "exit": _exit(last, final),
+        "archive": _completeness(summaries, parts),
+    }
+
+
+def merge_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Events from several nodes' views, each once, in time order."""
+    seen: dict[str, dict[str, Any]] = {}
+    for event in events:
+        key = json.dumps([event.get("ts"), event.get("event"), event.get("node"),
+                          event.get("attempt"), event.get("source")], default=str)
+        seen.setdefault(key, event)
+    return sorted(seen.values(), key=lambda e: float(e.get("ts", 0) or 0))
+
+
+def _partition(events: list[dict[str, Any]]) -> str | None:
+    for event in events:
+        context = event.get("context")
+        if event.get("source", "root") == "root" and isinstance(context, dict) \
+                and context.get("partition"):
+            return str(context["partition"])
+    return None
+
+
+def _job(record: JobRecord, slurm: dict[str, Any], gpus: dict[str, Any],
+         attempts: list[dict[str, Any]], final: bool, partition: str | None) -> dict[str, Any]:
+    def text(key: str) -> str | None:
+        value = str(slurm.get(key, "") or "")
+        return value if value and value not in ("(null)", "N/A", "None", "Unknown") else None
+
+    limits = {"time_limit_s": record.time_limit_s, "time_limit": text("TimeLimit"),
+              "req_tres": text("ReqTRES"), "alloc_tres": text("AllocTRES"),
+              "min_memory": text("MinMemoryNode") or text("MinMemoryCPU"),
+              "num_cpus": text("NumCPUs")}
+    first_start = next((a["started_at"] for a in attempts if a.get("started_at")), None)
+    end_time = None
+    if final:
+        end_time = _time(text("EndTime")) or (attempts[-1].get("ended_at") if attempts else None)
+    partition = text("Partition") or partition
+    return {
+        "id": record.job_id,
+        "array_job_id": text("ArrayJobId"), "array_task_id": text("ArrayTaskId"),
+        "name": text("JobName"), "user": record.user, "uid": record.uid, "gid": record.gid,
+        "account": text("Account"), "qos": text("QOS"), "partition": partition,
+        "nodes": list(record.nodes), "gpus": gpus,
+        "limits": {k: v for k, v in limits.items() if v is not None},
+        "submit_time": _time(text("SubmitTime")),
+        "start_time": record.start_time or _time(text("StartTime")) or first_start,
+        "end_time": end_time,
+        "work_dir": record.work_dir, "stdout": record.stdout, "stderr": record.stderr,
+        "options": record.options, "options_error": record.options_error,
+    }
+
+
+def _exit(last: dict[str, Any] | None, final: bool) -> dict[str, Any] | None:
+    if last is None:
+        return None
+    return {"attempt": last["attempt"], "status": last["status"], "outcome": last["outcome"],
+            "exit_code": last["exit_code"], "exit_signal": last["exit_signal"],
+            "slurm_state": last["slurm_state"], "decision": last["decision"], "final": final}
+
+
+def _completeness(summaries: list[AttemptSummary],
+                  parts: list[dict[str, Any]]) -> dict[str, Any]:
+    # Once an attempt ends, Slurm runs the epilog on every node of it: each owes a part.
+    present = {(int(p.get("attempt", 0)), str(p.get("node", ""))) for p in parts}
+    expected = {(s.attempt, node) for s in summaries if s.status != RUNNING
+                for node in s.nodes}
+    missing = sorted(expected - present)
+    return {
+        "complete": not missing and all(bool(p.get("complete")) for p in parts),
+        "parts": [{"attempt": p.get("attempt"), "node": p.get("node"),
+                   "archived_at": p.get("archived_at"), "complete": bool(p.get("complete")),
+                   "recovered_by": p.get("recovered_by")} for p in parts],
+        "missing": [{"attempt": a, "node": n} for a, n in missing],
+    }
+
+
+def _time(text: str | None) -> float | None:
+    return parse_slurm_time(text) if text else None
+
+
+# -- the code that ran: git, read as the job's user ------------------------------------------
+def read_code(user: UserIds, work_dir: str, timeout: float) -> dict[str, Any]:
+    """The work dir's git commit and whether it has changes, read with the user's rights.
+
+    ``{work_dir, repository, commit, dirty, changes, error}``; nothing here raises: a
+    failure is reported in ``error``.
+    """
+    facts: dict[str, Any] = {"work_dir": work_dir, "repository": False, "commit": None,
+                             "dirty": None, "changes": None, "error": ""}
+    if not work_dir:
+        facts["error"] = "the job's work dir is not known"
+        return facts
+    try:
+        home = pwd.getpwuid(user.uid).pw_dir
+    except KeyError:
+        home = "/"
+    try:
+        found: dict[str, Any] = as_user(user, _git_facts, work_dir, max(timeout, 0.1), home,
+                                        os.getpid())
+    except JobwrapError as exc:
+        facts["error"] = f"reading git as {user.name} failed: {exc}"
+        return facts
+    facts.update(found)
+    return facts
+
+
+def _git_facts(work_dir: str, timeout: float, home: str, caller_pid: int) -> dict[str, Any]:
+    """(Runs as the job user.) ``git rev-parse HEAD`` and ``git status --porcelain``."""
+    if os.getpid() != caller_pid:  # as_user's child: never outlive twice the timeout
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_REAL, 2 * timeout + 1)
+    # The user's HOME (root's is unreadable to them); no prompts; and no index refresh
+    # written by `git status` into the user's repository.
+    runner = Runner(env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
+                         "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"})
+    facts: dict[str, Any] = {}
+    try:
+        head = runner.run(["git", "-C", work_dir, "rev-parse", "HEAD"], timeout=timeout,
+                          check=False)
+    except JobwrapError as exc:
+        return {"error": str(exc)}
+    if head.returncode != 0:
+        if "not a git repository" in head.stderr:
+            return {"repository": False}
+        if "unknown revision" not in head.stderr and "ambiguous argument" not in head.stderr:
+            lines = head.stderr.strip().splitlines()
+            return {"error": lines[-1] if lines else f"git exited {head.returncode}"}
+        facts = {"repository": True, "commit": None}  # a repository with no commit yet
+    else:
+        facts = {"repository": True, "commit": head.stdout.strip()}
+    try:
+        status = runner.run(["git", "-C", work_dir, "status", "--porcelain"], timeout=timeout)
+    except JobwrapError as exc:
+        facts["error"] = str(exc)
+        return facts
+    changed = [line for line in status.stdout.splitlines() if line.strip()]
+    facts.update(dirty=bool(changed), changes=len(changed))
+    return facts

@@ -1,0 +1,234 @@
+"""The story of a job's attempts, told from its events: ``jobwrap status JOBID``.
+
+``summarize(events)`` turns the job's event records into one ``AttemptSummary`` per
+attempt, in order: its nodes, when it started and ended (or that it still runs), the
+nodes' health verdicts, the checkpoints the supervisor saw (count, latest step), what
+went wrong (a hang, a GPU fault, the walltime signal), how the epilog classified its
+end and what it decided (requeue, stop, done). The manifest's attempts are built from
+the same summaries, so the status of a running job and the archive of a finished one
+tell the same story. Events that decide the story (``attempt.end``, the hooks'
+contexts, health checks) count only when root wrote them; the user's own events
+(the supervisor runs as the job user) only add checkpoints and incidents.
+
+Health verdicts come from the hooks' ``health`` events (phase, verdict, failures,
+warnings; ``wrapper.hooks.health``) and ``health.unavailable`` (the checks could not run).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from wrapper.state import JobState
+
+RUNNING = "running"  # no sign of its end yet
+ENDING = "ending"    # an epilog has started, the verdict is not written yet
+ENDED = "ended"
+
+_INCIDENTS = {"hang", "gpu.fault", "walltime.signal", "directives.invalid",
+              "prolog.unhealthy"}
+
+
+@dataclass
+class AttemptSummary:
+    attempt: int
+    status: str = RUNNING
+    nodes: list[str] = field(default_factory=list)
+    started_at: float | None = None
+    ended_at: float | None = None
+    health: list[dict[str, Any]] = field(default_factory=list)  # node, phase, verdict, detail
+    checkpoints: int = 0
+    latest_step: int | None = None
+    latest_checkpoint: str | None = None
+    checkpoint_list: list[dict[str, Any]] = field(default_factory=list)  # path, step, ts
+    incidents: list[str] = field(default_factory=list)
+    outcome: str | None = None  # the failure class (wrapper.classify), "success" included
+    detail: str | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    slurm_state: str | None = None
+    decision: str | None = None  # requeue | stop | done
+    reason: str | None = None
+    excluded: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttemptSummary:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def timeline(state: JobState) -> list[AttemptSummary]:
+    """The attempts of the job whose state this is, in order."""
+    return summarize(state.events())
+
+
+def summarize(events: Iterable[dict[str, Any]]) -> list[AttemptSummary]:
+    """One summary per attempt seen in ``events`` (any order; sorted by time here)."""
+    attempts: dict[int, AttemptSummary] = {}
+    for event in sorted(events, key=lambda e: float(e.get("ts", 0) or 0)):
+        number = _attempt_of(event)
+        if number is None:
+            continue
+        summary = attempts.setdefault(number, AttemptSummary(number))
+        _apply(summary, event)
+    ordered = [attempts[n] for n in sorted(attempts)]
+    for summary, later in itertools.pairwise(ordered):
+        if summary.status != ENDED:
+            summary.status = ENDED  # a later attempt exists: this one is over
+            summary.ended_at = summary.ended_at or later.started_at
+    return ordered
+
+
+def _attempt_of(event: dict[str, Any]) -> int | None:
+    value = event.get("attempt")
+    if value is None and isinstance(event.get("context"), dict):
+        value = event["context"].get("attempt")
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
+    name = str(event.get("event", ""))
+    by_root = event.get("source", "root") == "root"
+    ts = _float(event.get("ts"))
+    node = str(event.get("node") or "")
+    if by_root and name in ("prolog.context", "epilog.context"):
+        raw = event.get("context")
+        context: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        for member in [*(context.get("nodes") or []), node]:
+            if member and member not in summary.nodes:
+                summary.nodes.append(str(member))
+        if name == "prolog.context":
+            if summary.started_at is None or (ts is not None and ts < summary.started_at):
+                summary.started_at = ts
+        elif summary.status == RUNNING:
+            summary.status = ENDING
+    elif by_root and name == "attempt.end":
+        summary.status, summary.ended_at = ENDED, ts
+        summary.outcome, summary.detail = _str(event.get("kind")), _str(event.get("detail"))
+        summary.exit_code, summary.exit_signal = _int(event.get("exit_code")), \
+            _int(event.get("exit_signal"))
+        summary.slurm_state = _str(event.get("slurm_state"))
+        summary.decision, summary.reason = _str(event.get("decision")), \
+            _str(event.get("reason"))
+        summary.excluded = [str(n) for n in event.get("exclude") or []]
+        step = _int(event.get("checkpoint_step"))
+        if event.get("checkpoint_path") and summary.latest_checkpoint is None:
+            summary.latest_checkpoint, summary.latest_step = str(event["checkpoint_path"]), step
+    elif by_root and name == "health":
+        said = event.get("failures") or event.get("warnings") or []
+        summary.health.append({"node": node, "phase": str(event.get("phase") or ""),
+                               "verdict": str(event.get("verdict") or "?"),
+                               "detail": "; ".join(str(s) for s in said)})
+    elif by_root and name == "health.unavailable":
+        summary.health.append({"node": node, "phase": "", "verdict": "unchecked",
+                               "detail": str(event.get("error") or "")})
+    elif name == "checkpoint":
+        path, step = _str(event.get("path")), _int(event.get("step"))
+        summary.checkpoints += 1
+        summary.checkpoint_list.append({"path": path, "step": step, "ts": ts})
+        summary.latest_checkpoint, summary.latest_step = path, step
+    elif name in _INCIDENTS:
+        summary.incidents.append(_incident(name, event))
+    if summary.started_at is None and ts is not None:
+        summary.started_at = ts  # no prolog record (it failed, or its node's state is elsewhere)
+
+
+def _incident(name: str, event: dict[str, Any]) -> str:
+    if name == "hang":
+        return f"hang: no progress for {event.get('idle_s')} s"
+    if name == "gpu.fault":
+        return f"GPU fault: {event.get('reason', '')}"
+    if name == "walltime.signal":
+        return f"walltime: sent {event.get('signal', 'a signal')} before the time limit"
+    if name == "prolog.unhealthy":
+        return f"{event.get('node', 'a node')} failed its prolog health check: " \
+               f"{event.get('reason', '')}"
+    return f"bad #JOBWRAP directives: {event.get('error', '')}"
+
+
+# -- rendering ---------------------------------------------------------------------------
+def render(job_id: str, attempts: list[AttemptSummary], *, now: float | None = None) -> str:
+    """The timeline as text for a terminal, one block per attempt."""
+    now = time.time() if now is None else now
+    if not attempts:
+        return f"job {job_id}: no attempt recorded\n"
+    lines = [f"job {job_id}: {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}, "
+             f"{job_state(attempts)}"]
+    for a in attempts:
+        started = _clock(a.started_at)
+        if a.status == ENDED:
+            span = f"{started} -> {_clock(a.ended_at)}  ({_duration(a.started_at, a.ended_at)})"
+        else:
+            span = f"{started} -> {a.status}  ({_duration(a.started_at, now)} so far)"
+        lines.append(f"attempt {a.attempt}  {a.status:<7}  nodes {','.join(a.nodes) or '?'}  "
+                     f"{span}")
+        if a.health:
+            lines.append("  health       " + ", ".join(
+                " ".join(p for p in (h["node"], h["phase"], h["verdict"]) if p)
+                + (f" ({h['detail']})" if h.get("detail") else "") for h in a.health))
+        if a.checkpoints or a.latest_checkpoint:
+            step = "unknown" if a.latest_step is None else a.latest_step
+            lines.append(f"  checkpoints  {a.checkpoints} (latest step {step})")
+        for incident in a.incidents:
+            lines.append(f"  incident     {incident}")
+        if a.outcome:
+            exit_text = "" if a.exit_code is None else f"; exit {a.exit_code}" + (
+                f", signal {a.exit_signal}" if a.exit_signal else "")
+            state = f"; Slurm {a.slurm_state}" if a.slurm_state else ""
+            lines.append(f"  outcome      {a.outcome}: {a.detail or ''}{exit_text}{state}")
+        if a.decision:
+            excluded = f" (excluded {', '.join(a.excluded)})" if a.excluded else ""
+            lines.append(f"  decision     {a.decision}: {a.reason or ''}{excluded}")
+    return "\n".join(lines) + "\n"
+
+
+def job_state(attempts: list[AttemptSummary]) -> str:
+    """One phrase for where the whole job stands."""
+    last = attempts[-1]
+    if last.status != ENDED:
+        return f"attempt {last.attempt} {last.status}"
+    if last.decision == "requeue":
+        return f"requeued after attempt {last.attempt}"
+    if last.decision:
+        return f"finished: {last.outcome or 'unknown'} ({last.decision})"
+    return f"ended: {last.outcome or 'no verdict recorded'}"
+
+
+def _clock(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts is not None else "?"
+
+
+def _duration(start: float | None, end: float | None) -> str:
+    if start is None or end is None:
+        return "?"
+    seconds = max(0, int(end - start))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,538 @@
+"""The archive on disk: ``<archive_root>/<user>/<jobid>/``, written so that it is never half there.
+
+Layout of one job's archive::
+
+    <archive_root>/<user>/<jobid>/manifest.json
+    <archive_root>/<user>/<jobid>/attempt-<N>/<node>/part.json     what this part holds
+    <archive_root>/<user>/<jobid>/attempt-<N>/<node>/stdout.gz ...  its files
+
+How it is written: each epilog builds its parts (an attempt on a node) in a temporary
+sibling, ``<archive_root>/<user>/.<jobid>.<node>.<pid>.<random>.tmp``, and fsyncs them.
+Then, holding the job's lock (``.<jobid>.lock`` beside it; the nodes of a multi-node job
+archive at the same time): when the job has no archive yet, the manifest is written into
+the temporary folder, which is renamed into place whole; otherwise each part is renamed
+into the job's folder and the manifest rewritten (write, fsync, rename). A part that
+replaces an earlier copy of itself is first dropped from the manifest, so the manifest
+never names a part that is not all there. An epilog killed at any point leaves either
+nothing that looks complete (a dot-named temporary folder, or a part the manifest does
+not list yet) or the previous, consistent archive; the next epilog on that node removes
+its dead temporaries and finishes the job (``wrapper.archive.attempt`` archives any
+earlier attempt of its node that has no part).
+
+Who may read it (``[archive] access``): ``group``, root owns everything and the job
+user's group reads it (folders 0750 root:<user's group>, files 0640); ``acl``, root and
+``[archive] admin_group`` own it and the job user reads it through a POSIX ACL, for sites
+where users share a primary group. The root folder is 0711 (0751 with ``acl``): users
+reach their own folder by name and cannot list anyone else's. Nothing below the root is
+ever reached through a symlink (``wrapper.archive._fs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import pwd
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from wrapper.archive._fs import (
+    Access,
+    ArchiveError,
+    entries,
+    exists,
+    locked,
+    make_dir,
+    make_temp_dir,
+    open_dir,
+    open_root,
+    read_json,
+    remove_tree,
+    sync_tree,
+    tree_size,
+    write_json_atomic,
+)
+from wrapper.archive.manifest import MANIFEST
+
+PART = "part.json"
+STALE_TEMP_S = 86400.0  # a temporary folder this old is an epilog that died
+_JOB_ID = re.compile(r"^[0-9]{1,12}$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@-]{0,127}$")  # user and node names
+_ATTEMPT = re.compile(r"^attempt-([0-9]{1,6})$")
+
+__all__ = ["ArchiveError", "ArchiveInfo", "Removal", "Writer", "extract", "list_archives",
+           "load_manifest", "prune"]
+
+
+def attempt_dir(attempt: int) -> str:
+    return f"attempt-{attempt}"
+
+
+def check_name(what: str, name: str) -> str:
+    if not _NAME.match(name):
+        raise ArchiveError(f"{what} {name!r} cannot name a folder of the archive")
+    return name
+
+
+def check_job_id(job_id: str) -> str:
+    if not _JOB_ID.match(job_id):
+        raise ArchiveError(f"{job_id!r} is not a job id")
+    return job_id
+
+
+# -- writing ------------------------------------------------------------------------------
+class Writer:
+    """Adds parts (an attempt on a node) to one job's archive; a context manager."""
+
+    def __init__(self, root: str, user: str, job_id: str, node: str, access: Access, *,
+                 root_mode: int = 0o711, root_gid: int = 0, lock_timeout: float = 30.0) -> None:
+        self.root = root
+        self.user = check_name("user", user)
+        self.job_id = check_job_id(job_id)
+        self.node = check_name("node", node)
+        self.access = access
+        self.root_mode, self.root_gid = root_mode, root_gid
+        self.lock_timeout = lock_timeout
+        self._fds: list[int] = []
+        self.user_fd = -1
+        self.tmp_fd = -1
+        self.tmp_name: str | None = None
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.root, self.user, self.job_id)
+
+    def __enter__(self) -> Writer:
+        try:
+            root_fd = self._keep(open_root(self.root, create=True, mode=self.root_mode,
+                                           gid=self.root_gid))
+            self.user_fd = self._keep(make_dir(root_fd, self.user, self.access))
+            self._remove_dead_temporaries()
+            prefix = f".{self.job_id}.{self.node}.{os.getpid()}."
+            self.tmp_name = make_temp_dir(self.user_fd, prefix, self.access)
+            self.tmp_fd = self._keep(open_dir(self.user_fd, self.tmp_name))
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.tmp_name is not None:  # not committed: nothing of it may stay
+                with contextlib.suppress(OSError):
+                    remove_tree(self.user_fd, self.tmp_name)
+        finally:
+            self._close()
+
+    def has_part(self, attempt: int, node: str) -> bool:
+        """Whether the job's archive already holds this part."""
+        try:
+            job_fd = open_dir(self.user_fd, self.job_id)
+        except FileNotFoundError:
+            return False
+        try:
+            return exists(job_fd, attempt_dir(attempt)) and _has(job_fd, attempt_dir(attempt),
+                                                                 node)
+        finally:
+            os.close(job_fd)
+
+    def part_dir(self, attempt: int) -> int:
+        """The folder to collect this node's files of ``attempt`` into (temporary until commit)."""
+        attempt_fd = self._keep(make_dir(self.tmp_fd, attempt_dir(attempt), self.access))
+        return self._keep(make_dir(attempt_fd, self.node, self.access))
+
+    def write_part(self, attempt: int, part: dict[str, Any]) -> None:
+        fd = self.part_dir(attempt)
+        write_json_atomic(fd, PART, {**part, "attempt": attempt, "node": self.node},
+                          self.access)
+
+    def commit(self, build_manifest: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> str:
+        """Put this writer's parts in place and rewrite the manifest; returns the job's folder."""
+        if self.tmp_name is None:
+            raise ArchiveError("nothing to commit: this writer has already committed")
+        sync_tree(self.tmp_fd)
+        with locked(self.user_fd, f".{self.job_id}.lock", self.lock_timeout):
+            if not exists(self.user_fd, self.job_id):
+                manifest = build_manifest(read_parts(self.tmp_fd))
+                write_json_atomic(self.tmp_fd, MANIFEST, manifest, self.access)
+                os.rename(self.tmp_name, self.job_id, src_dir_fd=self.user_fd,
+                          dst_dir_fd=self.user_fd)
+                os.fsync(self.user_fd)
+                self.tmp_name = None
+                return self.path
+            job_fd = self._keep(open_dir(self.user_fd, self.job_id))
+            self._merge(job_fd, build_manifest)
+        return self.path
+
+    def _merge(self, job_fd: int, build_manifest: Callable[[list[dict[str, Any]]],
+                                                           dict[str, Any]]) -> None:
+        for entry in entries(job_fd):
+            if entry.name.startswith(".trash."):  # a merge that died: we hold the lock now
+                remove_tree(job_fd, entry.name)
+        new = [(int(m.group(1)), entry.name) for entry in entries(self.tmp_fd)
+               if (m := _ATTEMPT.match(entry.name))]
+        replaced = {a for a, name in new if exists(job_fd, name) and _has(job_fd, name,
+                                                                          self.node)}
+        if replaced:
+            # The manifest must not name a part while it is being swapped.
+            kept = [p for p in read_parts(job_fd) if not (p.get("attempt") in replaced
+                                                          and p.get("node") == self.node)]
+            write_json_atomic(job_fd, MANIFEST, build_manifest(kept), self.access)
+        trash: list[str] = []
+        for attempt, name in sorted(new):
+            src_fd = self._keep(open_dir(self.tmp_fd, name))
+            dst_fd = self._keep(make_dir(job_fd, name, self.access))
+            if attempt in replaced:
+                trash.append(f".trash.{self.node}.{attempt}.{os.getpid()}")
+                os.rename(self.node, trash[-1], src_dir_fd=dst_fd, dst_dir_fd=job_fd)
+            os.rename(self.node, self.node, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            os.fsync(dst_fd)
+        os.fsync(job_fd)
+        write_json_atomic(job_fd, MANIFEST, build_manifest(read_parts(job_fd)), self.access)
+        for name in trash:
+            remove_tree(job_fd, name)
+        if self.tmp_name is not None:
+            remove_tree(self.user_fd, self.tmp_name)
+            self.tmp_name = None
+
+    def _remove_dead_temporaries(self) -> None:
+        """This node's temporaries of this job whose epilog is gone (killed mid-archive)."""
+        prefix = f".{self.job_id}.{self.node}."
+        for entry in entries(self.user_fd):
+            if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+                continue
+            pid_text = entry.name[len(prefix):].split(".", 1)[0]
+            if pid_text.isdigit() and _alive(int(pid_text)):
+                continue
+            remove_tree(self.user_fd, entry.name)
+
+    def _keep(self, fd: int) -> int:
+        self._fds.append(fd)
+        return fd
+
+    def _close(self) -> None:
+        for fd in reversed(self._fds):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+
+def read_parts(job_fd: int) -> list[dict[str, Any]]:
+    """Every part's record below a job folder (or a temporary one)."""
+    parts = []
+    for attempt_entry in entries(job_fd):
+        match = _ATTEMPT.match(attempt_entry.name)
+        if not match or not attempt_entry.is_dir(follow_symlinks=False):
+            continue
+        attempt_fd = open_dir(job_fd, attempt_entry.name)
+        try:
+            for node_entry in entries(attempt_fd):
+                if not _NAME.match(node_entry.name) or not node_entry.is_dir(
+                        follow_symlinks=False):
+                    continue
+                node_fd = open_dir(attempt_fd, node_entry.name)
+                try:
+                    part = read_json(node_fd, PART)
+                finally:
+                    os.close(node_fd)
+                if part is not None:
+                    parts.append({**part, "attempt": int(match.group(1)),
+                                  "node": node_entry.name})
+        finally:
+            os.close(attempt_fd)
+    return sorted(parts, key=lambda p: (p["attempt"], p["node"]))
+
+
+def _has(job_fd: int, attempt_name: str, node: str) -> bool:
+    attempt_fd = open_dir(job_fd, attempt_name)
+    try:
+        return exists(attempt_fd, node)
+    finally:
+        os.close(attempt_fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- reading ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ArchiveInfo:
+    user: str
+    job_id: str
+    path: str
+    updated_at: float
+    size: int                      # bytes on disk
+    complete: bool                 # the manifest says every part is there
+    name: str = ""                 # the job's name, when the manifest knows it
+    attempts: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def list_archives(root: str, user: str | None = None,
+                  since: float | None = None) -> list[ArchiveInfo]:
+    """The archives under ``root`` (one user's, or every one the caller may read), oldest first.
+
+    ``since``: only those updated at or after it (seconds since the epoch).
+    """
+    out: list[ArchiveInfo] = []
+    if not os.path.isdir(root):
+        return out  # nothing archived yet
+    root_fd = open_root(root, create=False)
+    try:
+        for user_name in _users(root_fd, user):
+            try:
+                user_fd = open_dir(root_fd, user_name)
+            except (PermissionError, FileNotFoundError):
+                continue
+            try:
+                for entry in entries(user_fd):
+                    if _JOB_ID.match(entry.name) and entry.is_dir(follow_symlinks=False):
+                        info = _info(root, user_fd, user_name, entry.name)
+                        if info is not None and (since is None or info.updated_at >= since):
+                            out.append(info)
+            except PermissionError:
+                continue
+            finally:
+                os.close(user_fd)
+    finally:
+        os.close(root_fd)
+    return sorted(out, key=lambda i: (i.updated_at, i.job_id))
+
+
+def load_manifest(root: str, job_id: str, user: str | None = None) -> dict[str, Any]:
+    """The manifest of a job's archive; ArchiveError when there is none the caller can read."""
+    root_fd = open_root(root, create=False)
+    try:
+        _, job_fd = _find(root_fd, check_job_id(job_id), user)
+        try:
+            manifest = read_json(job_fd, MANIFEST)
+        finally:
+            os.close(job_fd)
+    finally:
+        os.close(root_fd)
+    if manifest is None:
+        raise ArchiveError(f"the archive of job {job_id} has no readable {MANIFEST}")
+    return manifest
+
+
+def extract(root: str, job_id: str, dest: str, user: str | None = None) -> list[str]:
+    """Copy a job's archive into ``dest``, decompressing ``.gz`` files; returns what it wrote.
+
+    Refuses to overwrite anything: when one of the files exists in ``dest``, nothing is
+    written. Nothing is created through a symlink inside ``dest``.
+    """
+    root_fd = open_root(root, create=False)
+    try:
+        _, job_fd = _find(root_fd, check_job_id(job_id), user)
+    finally:
+        os.close(root_fd)
+    try:
+        plan = _plan(job_fd, ())
+        clashes = [os.path.join(dest, *target) for _, target in plan
+                   if os.path.lexists(os.path.join(dest, *target))]
+        if clashes:
+            raise ArchiveError(f"{clashes[0]} exists; extract never overwrites (choose an "
+                               "empty or new folder)")
+        os.makedirs(dest, 0o750, exist_ok=True)
+        dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        written = []
+        try:
+            for source, target in plan:
+                _extract_one(job_fd, source, dest_fd, target)
+                written.append(os.path.join(dest, *target))
+        finally:
+            os.close(dest_fd)
+    finally:
+        os.close(job_fd)
+    return written
+
+
+def _plan(fd: int, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(source, target) relative paths of every file to extract, in a stable order."""
+    plan = []
+    for entry in sorted(entries(fd), key=lambda e: e.name):
+        if entry.name.startswith("."):
+            continue  # temporaries, locks, trash
+        if entry.is_dir(follow_symlinks=False):
+            child = open_dir(fd, entry.name)
+            try:
+                plan.extend(_plan(child, (*prefix, entry.name)))
+            finally:
+                os.close(child)
+        elif entry.is_file(follow_symlinks=False):
+            target = entry.name[:-3] if entry.name.endswith(".gz") else entry.name
+            plan.append(((*prefix, entry.name), (*prefix, target)))
+    return plan
+
+
+def _extract_one(job_fd: int, source: tuple[str, ...], dest_fd: int,
+                 target: tuple[str, ...]) -> None:
+    src_dir, dst_dir = job_fd, dest_fd
+    opened: list[int] = []
+    try:
+        for name in source[:-1]:
+            src_dir = open_dir(src_dir, name)
+            opened.append(src_dir)
+        for name in target[:-1]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o750, dir_fd=dst_dir)
+            dst_dir = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=dst_dir)
+            opened.append(dst_dir)
+        src = os.open(source[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir)
+        with os.fdopen(src, "rb") as raw:
+            dst = os.open(target[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, 0o640, dir_fd=dst_dir)
+            with os.fdopen(dst, "wb") as out:
+                if source[-1].endswith(".gz"):
+                    with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                        shutil.copyfileobj(unzipped, out, 1 << 20)
+                else:
+                    shutil.copyfileobj(raw, out, 1 << 20)
+    finally:
+        for fd in reversed(opened):
+            os.close(fd)
+
+
+def _users(root_fd: int, user: str | None) -> list[str]:
+    if user is not None:
+        return [check_name("user", user)]
+    try:
+        return sorted(e.name for e in entries(root_fd)
+                      if _NAME.match(e.name) and e.is_dir(follow_symlinks=False))
+    except OSError:
+        # A user may not list the root (0711), only reach their own folder.
+        try:
+            return [pwd.getpwuid(os.getuid()).pw_name]
+        except KeyError:
+            return []
+
+
+def _find(root_fd: int, job_id: str, user: str | None) -> tuple[str, int]:
+    for user_name in _users(root_fd, user):
+        try:
+            user_fd = open_dir(root_fd, user_name)
+        except (PermissionError, FileNotFoundError):
+            continue
+        try:
+            return user_name, open_dir(user_fd, job_id)
+        except (PermissionError, FileNotFoundError):
+            continue
+        finally:
+            os.close(user_fd)
+    raise ArchiveError(f"no archive of job {job_id}" + (f" for user {user}" if user else "")
+                       + " (or none you may read)")
+
+
+def _info(root: str, user_fd: int, user: str, job_id: str) -> ArchiveInfo | None:
+    try:
+        job_fd = open_dir(user_fd, job_id)
+    except (PermissionError, FileNotFoundError):
+        return None
+    try:
+        manifest = read_json(job_fd, MANIFEST) or {}
+        size = tree_size(job_fd)
+        updated = manifest.get("updated_at")
+        if not isinstance(updated, int | float):
+            updated = os.fstat(job_fd).st_mtime
+    finally:
+        os.close(job_fd)
+    job = manifest.get("job") or {}
+    archive = manifest.get("archive") or {}
+    return ArchiveInfo(user=user, job_id=job_id, path=os.path.join(root, user, job_id),
+                       updated_at=float(updated), size=size,
+                       complete=bool(archive.get("complete")), name=str(job.get("name") or ""),
+                       attempts=[int(a.get("attempt", 0)) for a in manifest.get("attempts")
+                                 or []])
+
+
+# -- retention ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Removal:
+    info: ArchiveInfo
+    reason: str  # "age" or "size"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.info.as_dict(), "reason": self.reason}
+
+
+def prune(root: str, max_age_days: float, max_total_bytes: int, now: float, *,
+          dry_run: bool = False) -> list[Removal]:
+    """Remove whole job archives, oldest first: those older than ``max_age_days``, then
+    more until the rest fit in ``max_total_bytes``. A limit of 0 is no limit. An archive
+    that an epilog is writing right now (its lock is held) is left for the next prune.
+    """
+    archives = list_archives(root)
+    removals: list[Removal] = []
+    kept = []
+    for info in archives:
+        if max_age_days > 0 and now - info.updated_at > max_age_days * 86400:
+            removals.append(Removal(info, "age"))
+        else:
+            kept.append(info)
+    total = sum(i.size for i in kept)
+    for info in kept:
+        if max_total_bytes <= 0 or total <= max_total_bytes:
+            break
+        removals.append(Removal(info, "size"))
+        total -= info.size
+    if dry_run:
+        return removals
+    done = []
+    root_fd = open_root(root, create=False)
+    try:
+        for removal in removals:
+            if _remove_job(root_fd, removal.info):
+                done.append(removal)
+        _remove_stale_temporaries(root_fd, now)
+    finally:
+        os.close(root_fd)
+    return done
+
+
+def _remove_job(root_fd: int, info: ArchiveInfo) -> bool:
+    user_fd = open_dir(root_fd, info.user)
+    try:
+        try:
+            with locked(user_fd, f".{info.job_id}.lock", 0):
+                # Out of sight in one rename, then removed at leisure.
+                gone = f".{info.job_id}.pruned.{os.getpid()}.{int(time.time())}.tmp"
+                os.rename(info.job_id, gone, src_dir_fd=user_fd, dst_dir_fd=user_fd)
+                remove_tree(user_fd, gone)
+        except ArchiveError:
+            return False  # an epilog holds the lock
+    finally:
+        os.close(user_fd)
+    return True
+
+
+def _remove_stale_temporaries(root_fd: int, now: float) -> None:
+    for user_name in _users(root_fd, None):
+        user_fd = open_dir(root_fd, user_name)
+        try:
+            for entry in entries(user_fd):
+                if not entry.name.startswith("."):
+                    continue
+                age = now - entry.stat(follow_symlinks=False).st_mtime
+                if age < STALE_TEMP_S:
+                    continue
+                if entry.name.endswith(".tmp"):
+                    remove_tree(user_fd, entry.name)
+                elif entry.name.endswith(".lock") and not exists(
+                        user_fd, entry.name[1:-len(".lock")]):
+                    os.unlink(entry.name, dir_fd=user_fd)
+        finally:
+            os.close(user_fd)
