@@ -46,9 +46,18 @@ def make(tmp_path: Path, *, hang: float | None = 30, time_limit: float | None = 
                                 "hang_timeout": hang})
     calls: dict[str, list[str]] = {"end": [], "signal": []}
     slurm_state = {"value": "RUNNING"}
+
+    def end(why: str) -> bool:
+        calls["end"].append(why)
+        return True
+
+    def signal(sig: str) -> bool:
+        calls["signal"].append(sig)
+        return True
+
     sup = Supervisor(record, state, SupervisorConfig(settle_seconds=5), attempt=0,
                      job_state=lambda: slurm_state["value"],
-                     end_job=calls["end"].append, signal_job=calls["signal"].append,
+                     end_job=end, signal_job=signal,
                      gpu_faults=(lambda: list(faults)) if faults is not None else None,
                      clock=clock)
     return sup, state, clock, ckpt, out, calls, slurm_state
@@ -159,3 +168,20 @@ def test_run_loop_with_fake_sleep(tmp_path: Path) -> None:
     sup.run(sleep=sleep)
     assert events(state)[0] == "supervisor.start" and events(state)[-1] == "supervisor.end"
     assert all(s == 2.0 for s in sleeps)
+
+
+def test_walltime_signal_is_retried_until_a_step_gets_it(tmp_path: Path) -> None:
+    sup, state, clock, _ckpt, _out, _calls, _ = make(tmp_path, hang=None, time_limit=60)
+    delivered: list[bool] = [False, False, True]
+    tries: list[str] = []
+
+    def signal(sig: str) -> bool:
+        tries.append(sig)
+        return delivered[len(tries) - 1]
+
+    sup.signal_job = signal
+    for _ in range(5):
+        clock.now += 2
+        sup.tick()
+    assert tries == ["USR1", "USR1", "USR1"]
+    assert events(state).count("walltime.signal") == 1

@@ -102,6 +102,11 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
                       checkpoint_path=checkpoint.get("path") if checkpoint else None,
                       node=ctx.node, no_progress_limit=cfg.restart.no_progress_limit)
     _record(state, ctx, verdict, decision, checkpoint, evidence)
+    if cfg.metrics.textfile and verdict.kind != "success":
+        from wrapper import metrics
+
+        metrics.record_failure(cfg.metrics, verdict.kind, requeued=decision.requeue,
+                               node=ctx.node)
     if decision.requeue:
         _requeue(ctx, cfg, backend, decision)
     if decision.action != "done" and record.stdout:

@@ -46,6 +46,12 @@ def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: s
     state.append("health", attempt=ctx.attempt, node=ctx.node, phase=phase,
                  verdict=report.verdict, failures=failures, warnings=warnings,
                  seconds=round(report.duration_s, 3))
+    if cfg.metrics.textfile:
+        from wrapper import metrics
+
+        metrics.record_node_health(cfg.metrics, [
+            (r.check, "" if r.gpu_index is None else str(r.gpu_index), r.status)
+            for r in report.results], node=ctx.node)
     logger = log.get()
     for reason in warnings:
         logger.warning("health.warn", phase=phase, reason=reason)

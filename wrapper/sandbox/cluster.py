@@ -176,7 +176,8 @@ class Cluster:
         slurm = pwd.getpwnam("slurm")
         self.base.mkdir(parents=True, exist_ok=True)
         os.chmod(self.base, 0o755)  # the job user and SlurmUser must traverse it
-        for sub in ("etc", "log", "spool", "dev", "gpus", "jobwrap", "jobwrap/log"):
+        for sub in ("etc", "log", "spool", "dev", "gpus", "jobwrap", "jobwrap/log",
+                    "jobwrap/metrics"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(self.base / sub, 0o755)
         for sub in ("ctld", "log"):
@@ -277,6 +278,7 @@ MessageTimeout=10
 GresTypes=gpu
 MpiDefault=none
 MailProg=/bin/true
+JobSubmitPlugins=lua
 {nodes}
 PartitionName=debug Nodes={','.join(spec.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
@@ -304,9 +306,24 @@ fake_inventory = "{b}/gpus/{{node}}.toml"
 [supervisor]
 gpu_interval = 2
 settle_seconds = 2
+
+[metrics]
+textfile = "{b}/jobwrap/metrics/jobwrap.prom"
+
+[hooks]
+prolog_budget = 60
+epilog_budget = 100
 """)
         for path in (self.conf, b / "etc" / "gres.conf", self.jobwrap_config):
             os.chmod(path, 0o644)
+        # jobwrap's submit-time checks, beside slurm.conf where slurmctld looks for them
+        from wrapper import config
+        from wrapper.install_lua import SiteDefaults, install, render
+
+        cfg = config.load(str(self.jobwrap_config))
+        install(b / "etc", render(SiteDefaults.from_config(cfg), str(self.jobwrap_config)))
+        for sub in ("state", "cache", "archive"):
+            (b / "jobwrap" / sub).mkdir(mode=0o755, exist_ok=True)
 
     def _start_munge(self) -> None:
         if _munge_works():

@@ -83,6 +83,15 @@ class CliBackend:
             raise SlurmError(f"command {' '.join(argv)!r} failed: {res.stderr.strip()}")
         return res.stdout.strip().split("\n")[0].strip()
 
+    def job_steps(self, job_id: str) -> list[str]:
+        """The job's running steps (``123.0``), without its batch and extern steps."""
+        argv = [self.config.squeue_command, "-h", "-s", "-j", _job_id(job_id), "-o", "%i"]
+        try:
+            out = self.runner.run(argv, timeout=self.config.command_timeout).stdout
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+        return [s for s in out.split() if not s.endswith((".batch", ".extern"))]
+
     def signal_job(self, job_id: str, signal: str, *, full: bool = False) -> None:
         """Send a signal to the job's steps (``full``: to the batch script too)."""
         argv = [self.config.scancel_command, f"--signal={signal}", _job_id(job_id)]

@@ -65,11 +65,24 @@ def supervise(job_id: str, cfg: Config) -> int:
     log.bind(hook="supervisor", job_id=job_id, node=record.first_node, attempt=attempt)
     backend = slurm.backend(cfg.slurm)
 
-    def end_job(why: str) -> None:
-        backend.signal_job(job_id, "KILL", full=True)
+    def end_job(why: str) -> bool:
+        try:
+            backend.signal_job(job_id, "KILL", full=True)
+        except JobwrapError as exc:
+            log.get().error("supervisor.end_failed", why=why, error=str(exc))
+            return False
+        return True
 
-    def signal_job(sig: str) -> None:
-        backend.signal_job(job_id, sig)
+    def signal_job(sig: str) -> bool:
+        # Like Slurm's own --signal (without B:), to the job's steps; none yet: try later.
+        try:
+            if not backend.job_steps(job_id):
+                return False
+            backend.signal_job(job_id, sig)
+        except JobwrapError as exc:
+            log.get().warning("supervisor.signal_failed", error=str(exc))
+            return False
+        return True
 
     def job_state() -> str:
         try:

@@ -41,7 +41,7 @@ class Supervisor:
 
     def __init__(self, record: JobRecord, state: JobState, cfg: SupervisorConfig, *,
                  attempt: int, job_state: Callable[[], str],
-                 end_job: Callable[[str], None], signal_job: Callable[[str], None],
+                 end_job: Callable[[str], bool], signal_job: Callable[[str], bool],
                  gpu_faults: Callable[[], list[str]] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.record = record
@@ -131,15 +131,15 @@ class Supervisor:
         limit, start = self.record.time_limit_s, self.record.start_time
         if self.seen.signalled or self.record.asked_signal or not limit or not start:
             return
-        if now >= start + limit - self.cfg.walltime_lead:
+        if now >= start + limit - self.cfg.walltime_lead and \
+                self.signal_job(self.cfg.walltime_signal):
             self.seen.signalled = True
-            self.signal_job(self.cfg.walltime_signal)
             self.event("walltime.signal", signal=self.cfg.walltime_signal,
                        seconds_left=round(start + limit - now))
 
     def _end(self, why: str) -> None:
         if self.seen.ended_by_us:
             return
-        self.seen.ended_by_us = why
         self.logger.warning("supervisor.ending_job", why=why)
-        self.end_job(why)
+        if self.end_job(why):
+            self.seen.ended_by_us = why
