@@ -55,18 +55,45 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     if prolog_events and prolog_events[-1] == "prolog.unhealthy":
         # The job never started: Slurm requeues it after the failed prolog by itself.
         logger.info("epilog.after_failed_prolog")
-    elif ctx.first_node:
-        try:
-            record = jobrecord.load(state)
-        except JobwrapError:
-            record = jobrecord.gather(ctx, backend)
-        decide_attempt(ctx, cfg, state, record, backend, gpu_check_failed=gpu_check_failed)
+        return EXIT_OK
+    try:
+        record = jobrecord.load(state)
+    except JobwrapError:
+        record = jobrecord.gather(ctx, backend)
+    info: dict[str, str] = {}
+    if ctx.first_node:
+        _decision, info = decide_attempt(ctx, cfg, state, record, backend,
+                                         gpu_check_failed=gpu_check_failed)
+    if cfg.archive.enabled:
+        _archive(ctx, cfg, state, record, backend, info)
     logger.info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
     return EXIT_OK
 
 
+def _archive(ctx: JobContext, cfg: Config, state: JobState, record: jobrecord.JobRecord,
+             backend: slurm.SlurmBackend, info: dict[str, str]) -> None:
+    """This node's part of the attempt's archive; never fails the epilog."""
+    from wrapper.archive import archive_attempt
+
+    script = ""
+    if ctx.first_node:
+        try:
+            script = backend.batch_script(ctx.job_id)
+        except JobwrapError as exc:
+            log.get().warning("epilog.script_unavailable", error=str(exc))
+    result = archive_attempt(cfg, state, record, attempt=ctx.attempt, node=ctx.node,
+                             script_text=script, extra={"slurm": info})
+    state.append("archive", attempt=ctx.attempt, node=ctx.node, path=str(result.path),
+                 complete=result.complete, files=len(result.files),
+                 problems=list(result.problems), seconds=round(result.elapsed_s, 3))
+    for problem in result.problems:
+        log.get().warning("epilog.archive_problem", problem=str(problem))
+
+
 def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrecord.JobRecord,
-                   backend: slurm.SlurmBackend, *, gpu_check_failed: bool) -> Decision:
+                   backend: slurm.SlurmBackend, *, gpu_check_failed: bool
+                   ) -> tuple[Decision, dict[str, str]]:
+    """Classify the attempt, decide, requeue; returns the decision and Slurm's job record."""
     user = UserIds.of(record.uid, record.gid)
     events = [e for e in state.events() if e.get("attempt") == ctx.attempt]
     supervisor_events = tuple(str(e["event"]) for e in events
@@ -116,7 +143,7 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
             as_user(user, append_line, record.stdout, message)
         except JobwrapError as exc:
             log.get().warning("epilog.output_unwritable", error=str(exc))
-    return decision
+    return decision, info
 
 
 def _final_state(info: dict[str, str]) -> str:

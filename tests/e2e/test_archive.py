@@ -1,0 +1,84 @@
+"""Every attempt of a job lands in one archive with a manifest that matches the cluster."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import stat
+import subprocess
+
+from wrapper.sandbox.cluster import Cluster
+
+SCRIPT = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --gres=gpu:1
+#SBATCH --output=arch-%j.out
+#SBATCH --open-mode=append
+#JOBWRAP --max-restarts=2
+srun bash -c 'echo "hello from $SLURMD_NODENAME attempt $JOBWRAP_ATTEMPT"'
+[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] || { echo "ValueError: first try fails"; exit 3; }
+"""
+
+
+def jobwrap(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(cluster.runtime / "venv" / "bin" / "jobwrap"), "--config",
+                           str(cluster.jobwrap_config), *args], capture_output=True, text=True,
+                          env=cluster.env(), timeout=60, check=False)
+
+
+def test_requeued_two_node_job_has_one_archive_with_both_attempts(cluster: Cluster) -> None:
+    job_id = cluster.submit(SCRIPT, name="arch.sh")
+    info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED"}, timeout=120)
+    assert info["JobState"] == "COMPLETED", info
+    root = cluster.base / "jobwrap" / "archive" / cluster.spec.user / job_id
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["schema_version"] == 1
+    assert manifest["job"]["id"] == job_id and manifest["job"]["user"] == cluster.spec.user
+    assert sorted(manifest["job"]["nodes"]) == ["n1", "n2"]
+    attempts = [(a["attempt"], a["outcome"], a["decision"]) for a in manifest["attempts"]]
+    assert attempts == [(0, "user_error", "requeue"), (1, "success", "done")], attempts
+    parts = sorted((p["attempt"], p["node"]) for p in manifest["archive"]["parts"])
+    assert parts == [(0, "n1"), (0, "n2"), (1, "n1"), (1, "n2")]
+    assert manifest["archive"]["complete"] is True
+    assert manifest["exit"]["final"] is True and manifest["exit"]["outcome"] == "success"
+
+    # the batch host's part holds the job's own output, as it was at that attempt's end
+    host = info["BatchHost"]
+    first = gzip.decompress((root / "attempt-0" / host / "stdout.gz").read_bytes()).decode()
+    assert "ValueError: first try fails" in first
+    assert "hello from n1 attempt 0" in first and "hello from n2 attempt 0" in first
+    script = gzip.decompress((root / "attempt-0" / host / "batch-script.sh.gz").read_bytes())
+    assert b"#JOBWRAP --max-restarts=2" in script
+
+    # the user and admins only
+    for path in (root, root / "manifest.json"):
+        mode = os.stat(path).st_mode
+        assert not mode & stat.S_IROTH, oct(mode)
+
+    status = jobwrap(cluster, "status", job_id)
+    assert status.returncode == 0, status.stderr
+    text = status.stdout
+    assert text.index("attempt 0") < text.index("attempt 1"), text
+    assert "user_error" in text and "requeue" in text and "success" in text
+    show = jobwrap(cluster, "archive", "show", job_id, "--json")
+    assert json.loads(show.stdout)["job"]["id"] == job_id
+
+
+def test_symlinked_output_to_a_root_only_file_is_not_archived(cluster: Cluster) -> None:
+    secret = cluster.base / "root-only-secret"
+    secret.write_text("TOP SECRET root data\n")
+    os.chmod(secret, 0o600)
+    link = cluster.work / "leak.out"
+    link.unlink(missing_ok=True)
+    os.symlink(secret, link)
+    os.lchown(link, *(lambda p: (p.pw_uid, p.pw_gid))(__import__("pwd").getpwnam(
+        cluster.spec.user)))
+    job_id = cluster.submit("#!/bin/bash\n#SBATCH --output=leak.out\n#SBATCH --open-mode="
+                            "append\necho hi\n", name="leak.sh")
+    info = cluster.wait_job(job_id)
+    assert info["JobState"] in ("FAILED", "COMPLETED")
+    root = cluster.base / "jobwrap" / "archive" / cluster.spec.user / job_id
+    for part in root.glob("attempt-*/*/*.gz"):
+        assert b"TOP SECRET" not in gzip.decompress(part.read_bytes()), part
+    assert secret.read_text() == "TOP SECRET root data\n"
