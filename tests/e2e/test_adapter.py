@@ -50,9 +50,11 @@ def test_drain_of_unknown_node_names_the_command(adapter: SlurmBackend) -> None:
         adapter.drain_node("n9", "x")
 
 
+# --max-restarts=0: jobwrap itself does not requeue it; --requeue (at submit): Slurm may.
 REQUEUE_JOB = """#!/bin/bash
 #SBATCH --output=requeue-%j.out
 #SBATCH --open-mode=append
+#JOBWRAP --max-restarts=0
 echo "attempt=$JOBWRAP_ATTEMPT restart=${SLURM_RESTART_COUNT:-0}"
 [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] || exit 3
 """
@@ -60,7 +62,7 @@ echo "attempt=$JOBWRAP_ATTEMPT restart=${SLURM_RESTART_COUNT:-0}"
 
 def test_requeue_a_failed_job_runs_again_at_once(cluster: Cluster,
                                                  adapter: SlurmBackend) -> None:
-    job_id = cluster.submit(REQUEUE_JOB, name="requeue.sh")
+    job_id = cluster.submit(REQUEUE_JOB, "--requeue", name="requeue.sh")
     info = cluster.wait_job(job_id)
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "3:0")
     assert "#SBATCH --output=requeue-%j.out" in adapter.batch_script(job_id)
@@ -71,7 +73,8 @@ def test_requeue_a_failed_job_runs_again_at_once(cluster: Cluster,
     # Slurm's own requeue delay is 121 s: running well before it proves eligible_now worked.
     assert time.monotonic() - started < 60
     assert info["Restarts"] == "1"
-    lines = (cluster.work / f"requeue-{job_id}.out").read_text().splitlines()
+    lines = [line for line in (cluster.work / f"requeue-{job_id}.out").read_text().splitlines()
+             if not line.startswith("jobwrap: ")]
     assert lines == ["attempt=0 restart=0", "attempt=1 restart=1"]
 
 

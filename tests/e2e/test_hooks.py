@@ -20,7 +20,8 @@ def test_two_node_gpu_job_as_user(cluster: Cluster) -> None:
     assert info["JobState"] == "COMPLETED", info
     user = cluster.spec.user
 
-    events = JobState(cluster.state_dir, job_id).events()
+    events = [e for e in JobState(cluster.state_dir, job_id).events()
+              if e["event"].endswith(".context")]
     by_hook: dict[str, set[str]] = {}
     for event in events:
         ctx = event["context"]
