@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.bench import ckpt_latest, guard, prolog_overhead, restart
+from tests.bench import ckpt_latest, guard, prolog_overhead, restart, staging
 
 BENCHMARKS = {
     "prolog-overhead": prolog_overhead.main,
@@ -14,6 +14,9 @@ BENCHMARKS = {
     "supervisor-cpu": restart.supervisor_cpu_main,
     "guard-scan": guard.scan_main,
     "guard-cpu": guard.cpu_main,
+    "stage-large": staging.large_main,
+    "stage-small": staging.small_main,
+    "stage-cached": staging.cached_main,
 }
 
 

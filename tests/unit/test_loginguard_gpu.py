@@ -1,0 +1,56 @@
+"""The guard's GPU seam: which pids use a GPU, from the TOML file of tests or from NVML."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.loginguard.procs import FIXTURES
+from wrapper.config import Config, LoginGuardConfig
+from wrapper.loginguard.gpu import GpuProbeError, NvmlGpuPids, TomlGpuPids, gpu_pid_source
+
+
+def test_the_fixture_lists_no_process_until_a_test_adds_one(tmp_path: Path) -> None:
+    assert TomlGpuPids(FIXTURES / "gpus.toml")() == set()
+    path = tmp_path / "gpus.toml"
+    path.write_text("[[gpu]]\nindex = 0\nprocesses = [11, 12]\n"
+                    "[[gpu]]\nindex = 1\nprocesses = [12, 13]\n")
+    assert TomlGpuPids(path)() == {11, 12, 13}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[[gpu]]\nprocesses = ['12']\n", "each [[gpu]] needs processes = [PID, ...]"),
+        ("[[gpu]]\nprocesses = [true]\n", "each [[gpu]] needs processes = [PID, ...]"),
+        ("gpu = 3\n", "expected [[gpu]] tables"),
+        ("[[gpu]\n", "cannot read the GPU pid file"),
+    ],
+)
+def test_a_bad_gpu_pid_file_is_a_probe_error(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "gpus.toml"
+    path.write_text(text)
+    with pytest.raises(GpuProbeError) as info:
+        TomlGpuPids(path)()
+    assert expected in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_missing_gpu_pid_file_is_a_probe_error(tmp_path: Path) -> None:
+    with pytest.raises(GpuProbeError, match="cannot read the GPU pid file"):
+        TomlGpuPids(tmp_path / "absent.toml")()
+
+
+def test_the_seam_picks_the_file_when_configured_else_nvml(tmp_path: Path) -> None:
+    configured = Config(login_guard=LoginGuardConfig(gpu_pids_file=str(tmp_path / "g.toml")))
+    source = gpu_pid_source(configured)
+    assert isinstance(source, TomlGpuPids) and source.path == tmp_path / "g.toml"
+    assert isinstance(gpu_pid_source(Config()), NvmlGpuPids)
+
+
+def test_nvml_without_a_driver_finds_no_gpu_use() -> None:
+    pids = NvmlGpuPids()()
+    assert all(isinstance(p, int) for p in pids)
+    if not os.path.exists("/dev/nvidiactl"):
+        assert pids == set()  # no driver: no GPU anyone could be using here
