@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.loginguard.procs import FIXTURES
-from wrapper.config import Config, LoginGuardConfig
-from wrapper.loginguard.gpu import GpuProbeError, NvmlGpuPids, TomlGpuPids, gpu_pid_source
+from wrapper.config import Config, GpuConfig, LoginGuardConfig
+from wrapper.loginguard.gpu import GpuProbeError, ProbeGpuPids, TomlGpuPids, gpu_pid_source
 
 
 def test_the_fixture_lists_no_process_until_a_test_adds_one(tmp_path: Path) -> None:
@@ -42,15 +42,25 @@ def test_a_missing_gpu_pid_file_is_a_probe_error(tmp_path: Path) -> None:
         TomlGpuPids(tmp_path / "absent.toml")()
 
 
-def test_the_seam_picks_the_file_when_configured_else_nvml(tmp_path: Path) -> None:
+def test_the_seam_picks_the_file_when_configured_else_the_gpu_probe(tmp_path: Path) -> None:
     configured = Config(login_guard=LoginGuardConfig(gpu_pids_file=str(tmp_path / "g.toml")))
     source = gpu_pid_source(configured)
     assert isinstance(source, TomlGpuPids) and source.path == tmp_path / "g.toml"
-    assert isinstance(gpu_pid_source(Config()), NvmlGpuPids)
+    assert isinstance(gpu_pid_source(Config()), ProbeGpuPids)
 
 
 def test_nvml_without_a_driver_finds_no_gpu_use() -> None:
-    pids = NvmlGpuPids()()
+    pids = ProbeGpuPids(Config(), "login1")()
     assert all(isinstance(p, int) for p in pids)
     if not os.path.exists("/dev/nvidiactl"):
         assert pids == set()  # no driver: no GPU anyone could be using here
+
+
+def test_the_fake_probe_reports_its_compute_processes(tmp_path: Path) -> None:
+    inventory = tmp_path / "login1.toml"
+    inventory.write_text(
+        'format = 1\ndriver_version = "550.54.15"\ncuda_driver_version = "12.4"\n'
+        '[[gpu]]\nindex = 0\nminor = 0\nuuid = "GPU-0"\nname = "fake"\n'
+        'pci_bus_id = "0000:18:00.0"\ncompute_pids = [4242, 4343]\n')
+    config = Config(gpu=GpuConfig(backend="fake", fake_inventory=str(tmp_path / "{node}.toml")))
+    assert ProbeGpuPids(config, "login1")() == {4242, 4343}

@@ -1,9 +1,8 @@
 """Which pids use a GPU of this node: the guard's one seam to the GPU probe.
 
 The guard only needs a callable that returns those pids (:class:`GpuPidSource`).
-:func:`gpu_pid_source` is where it is chosen, and the one place to change when the
-login guard reads the same probe as the health checks (``wrapper.gpu``): until then it
-reads a small TOML file (tests, dry runs) or asks NVML directly.
+:func:`gpu_pid_source` chooses it: the health checks' own probe (``wrapper.gpu``), or a
+small TOML file of pids (tests, dry runs).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
@@ -52,48 +51,38 @@ class TomlGpuPids:
 
 
 @dataclass
-class NvmlGpuPids:
-    """Compute processes from NVML; a login node without an NVIDIA driver has none."""
+class ProbeGpuPids:
+    """Compute processes from the health checks' own GPU probe (``[gpu] backend``: nvml,
+    or fake with ``fake_inventory``); a login node without an NVIDIA driver has none."""
 
-    _nvml: Any = field(default=None, repr=False)
+    config: Config
+    node: str
     _absent: bool = field(default=False, repr=False)
 
     def __call__(self) -> set[int]:
         if self._absent:
             return set()
-        if self._nvml is None:
-            import pynvml
+        from wrapper.gpu.probe import ProbeError, open_probe
 
+        try:
+            probe = open_probe(self.config.gpu, self.node)
             try:
-                pynvml.nvmlInit()
-            except pynvml.NVMLError_LibraryNotFound:
+                readings = probe.devices({"compute_pids"})
+            finally:
+                probe.close()
+        except ProbeError as exc:
+            if exc.kind == "no-driver":
                 self._absent = True  # no driver, so no GPU anyone could use here
                 return set()
-            except pynvml.NVMLError_DriverNotLoaded:
-                self._absent = True
-                return set()
-            except pynvml.NVMLError as exc:
-                raise GpuProbeError(f"NVML cannot start: {exc}") from None
-            self._nvml = pynvml
-        nvml = self._nvml
-        pids: set[int] = set()
-        try:
-            for index in range(nvml.nvmlDeviceGetCount()):
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    pids.add(int(proc.pid))
-        except nvml.NVMLError as exc:
-            raise GpuProbeError(f"NVML cannot list GPU processes: {exc}") from None
-        return pids
+            raise GpuProbeError(f"the GPU probe cannot list GPU processes: {exc}") from None
+        return {pid for reading in readings for pid in (reading.compute_pids or ())}
 
 
 def gpu_pid_source(config: Config) -> GpuPidSource:
-    """The integration point: which GPU probe the guard asks.
-
-    ``[login_guard] gpu_pids_file`` wins (tests and dry runs); otherwise NVML. When
-    ``wrapper.gpu`` lands, return a source built on its probe here (its readings carry
-    the compute pids, and its ``fake`` backend serves ``[gpu] fake_inventory``).
-    """
+    """Which GPU probe the guard asks: ``[login_guard] gpu_pids_file`` when set (a bare
+    list of pids, for tests and dry runs), else the same probe as the health checks."""
     if config.login_guard.gpu_pids_file:
         return TomlGpuPids(Path(config.login_guard.gpu_pids_file))
-    return NvmlGpuPids()
+    import socket
+
+    return ProbeGpuPids(config, socket.gethostname().split(".")[0])
