@@ -22,6 +22,7 @@ HOST_OOM = "host_oom"
 WALLTIME = "walltime"
 PREEMPTED = "preempted"
 CANCELLED = "cancelled"
+STAGING = "staging"  # the job's declared data could not be staged: the user's input
 USER_ERROR = "user_error"
 
 RETRYABLE = {HARDWARE, NODE_FAILURE, HANG, NCCL_TIMEOUT, WALLTIME, PREEMPTED, HOST_OOM,
@@ -54,6 +55,7 @@ class Evidence:
     slurm_state: str = ""  # FAILED, TIMEOUT, NODE_FAIL, ... (without COMPLETING)
     supervisor_events: tuple[str, ...] = ()  # "hang", "gpu.fault", "walltime.signal", ...
     gpu_check_failed: bool = False  # the post-job GPU check on this node failed
+    staging_error: str = ""  # why the prolog could not stage the job's data
     output_tail: str = ""
 
 
@@ -76,6 +78,9 @@ def classify(ev: Evidence) -> Classification:
         return Classification(NODE_FAILURE, "Slurm reported NODE_FAIL", "node_fail")
     if state == "PREEMPTED":
         return Classification(PREEMPTED, "preempted by Slurm", "preempted")
+    if ev.staging_error:
+        return Classification(STAGING, f"the job could not be prepared: {ev.staging_error}",
+                              "staging")
     if "gpu.fault" in ev.supervisor_events or ev.gpu_check_failed:
         why = "the supervisor saw a GPU fault" if "gpu.fault" in ev.supervisor_events \
             else "the post-job GPU check failed"

@@ -10,6 +10,7 @@ finished completing it, instead of after Slurm's fixed 121 s requeue delay.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,6 +30,7 @@ _REASON_STATE = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "NodeFail": "N
 
 
 def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None = None) -> int:
+    started = time.monotonic()
     logger = log.get()
     state = JobState(Path(cfg.paths.state_dir), ctx.job_id)
     # The prolog normally made the directory; an epilog after a failed prolog must not fail.
@@ -64,8 +66,19 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     if ctx.first_node:
         _decision, info = decide_attempt(ctx, cfg, state, record, backend,
                                          gpu_check_failed=gpu_check_failed)
+    from wrapper.hooks import staging
+
+    deadline = started + cfg.hooks.epilog_budget
+    try:  # outputs first: a failed job's partial results are not lost
+        staging.stage_out(ctx, cfg, state, record, deadline=deadline)
+    except JobwrapError as exc:
+        log.get().error("epilog.stage_out_broken", error=str(exc))
     if cfg.archive.enabled:
         _archive(ctx, cfg, state, record, backend, info)
+    try:  # only once the archive is complete
+        staging.remove_scratch(ctx, cfg, state)
+    except JobwrapError as exc:
+        log.get().error("epilog.scratch_not_removed", error=str(exc))
     logger.info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
     return EXIT_OK
 
@@ -110,7 +123,12 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
                 tail += as_user(user, read_tail, path)
             except JobwrapError as exc:
                 log.get().warning("epilog.output_unreadable", path=path, error=str(exc))
+    staging_failed = next((str(e.get("error")) for e in events if e.get("source") == "root"
+                           and ((e.get("event") == "staging.failed"
+                                 and e.get("direction") == "in")
+                                or e.get("event") == "directives.invalid")), "")
     evidence = Evidence(exit_code=ctx.exit_code, exit_signal=ctx.exit_signal,
+                        staging_error=staging_failed,
                         slurm_state=_final_state(info), supervisor_events=supervisor_events,
                         gpu_check_failed=gpu_check_failed, output_tail=tail)
     verdict = classify(evidence)
@@ -123,8 +141,10 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
     options = record.job_options
     max_restarts = options.max_restarts if options.max_restarts is not None \
         else cfg.restart.max_restarts
+    # sbatch --no-requeue (or a site's job_submit) leaves Requeue=0: Slurm would refuse.
+    no_requeue = options.no_requeue or info.get("Requeue") == "0"
     decision = decide(verdict, attempt=ctx.attempt, max_restarts=max_restarts,
-                      no_requeue=options.no_requeue, history=history,
+                      no_requeue=no_requeue, history=history,
                       checkpoint_step=checkpoint.get("step") if checkpoint else None,
                       checkpoint_path=checkpoint.get("path") if checkpoint else None,
                       node=ctx.node, no_progress_limit=cfg.restart.no_progress_limit)
@@ -135,7 +155,11 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
         metrics.record_failure(cfg.metrics, verdict.kind, requeued=decision.requeue,
                                node=ctx.node)
     if decision.requeue:
-        _requeue(ctx, cfg, backend, decision)
+        try:
+            _requeue(ctx, cfg, backend, decision)
+        except JobwrapError as exc:  # Slurm said no: record it, and go on with the epilog
+            log.get().error("epilog.requeue_failed", error=str(exc))
+            state.append("requeue.failed", attempt=ctx.attempt, node=ctx.node, error=str(exc))
     if decision.action != "done" and record.stdout:
         message = f"jobwrap: attempt {ctx.attempt} ended: {verdict.kind} ({verdict.detail}). " \
                   f"{'Requeued' if decision.requeue else 'Not requeued'}: {decision.reason}"

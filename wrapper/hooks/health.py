@@ -89,7 +89,8 @@ def configured_gres(cfg: Config, node: str, backend: SlurmBackend) -> int | None
     return gpus
 
 
-def unchecked(cfg: Config, state: JobState, ctx: JobContext, error: JobwrapError) -> None:
+def unchecked(cfg: Config, state: JobState, ctx: JobContext, error: JobwrapError, *,
+              what: str = "health.unavailable") -> None:
     """The checks could not run (a broken probe or config): jobwrap's fault, not the node's.
 
     Re-raised when the site asked to drain on jobwrap's own failures; otherwise logged
@@ -97,5 +98,5 @@ def unchecked(cfg: Config, state: JobState, ctx: JobContext, error: JobwrapError
     """
     if cfg.hooks.on_internal_error == "drain":
         raise error
-    log.get().error("health.unavailable", error=str(error), kind=type(error).__name__)
-    state.append("health.unavailable", attempt=ctx.attempt, node=ctx.node, error=str(error))
+    log.get().error(what, error=str(error), kind=type(error).__name__)
+    state.append(what, attempt=ctx.attempt, node=ctx.node, error=str(error))

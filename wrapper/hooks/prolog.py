@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
@@ -10,12 +11,14 @@ from typing import TextIO
 from wrapper import jobrecord, log, slurm
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
+from wrapper.hooks.health import check_node, unchecked
 from wrapper.slurm.context import JobContext
 from wrapper.state import USER_EVENTS, JobState
 from wrapper.supervisor.launch import SUPERVISOR_LOG
 
 
 def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> int:
+    started = time.monotonic()
     logger = log.get()
     state = JobState(Path(cfg.paths.state_dir), ctx.job_id)
     state.prepare(ctx.uid, ctx.gid, user_files=(USER_EVENTS, SUPERVISOR_LOG))
@@ -24,7 +27,6 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> in
     backend = slurm.backend(cfg.slurm)
     gathered = jobrecord.gather_in_background(ctx, backend)
     if cfg.checks.prolog:
-        from wrapper.hooks.health import check_node, unchecked
 
         try:
             report = check_node(ctx, cfg, env, phase="prolog", backend=backend, state=state)
@@ -48,6 +50,13 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> in
         logger.warning("prolog.bad_directives", error=record.options_error)
         state.append("directives.invalid", attempt=ctx.attempt, node=ctx.node,
                      error=record.options_error)
+    # Scratch and stage-in before the supervisor: staging time is not the job's idle time.
+    from wrapper.hooks import staging
+
+    try:
+        staging.stage_in(ctx, cfg, state, record, deadline=started + cfg.hooks.prolog_budget)
+    except JobwrapError as exc:  # no scratch root, say: the site's setup, not the node
+        unchecked(cfg, state, ctx, exc, what="scratch.unavailable")
     if ctx.first_node and cfg.supervisor.enabled and record.uid > 0:
         from wrapper.supervisor.launch import start
 

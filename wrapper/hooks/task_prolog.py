@@ -51,6 +51,12 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
             out.write(f"export {name}={value}\n")
     if ctx.attempt > 0 and _is_batch(environ):
         out.write(f"print {_banner(ctx, state, resume, step)}\n")
+    refused = _staging_failure(ctx, state)
+    if refused:
+        # The job's data is not there: running it would only fail later, less clearly.
+        out.write(f"print jobwrap: the job did not start: {refused}\n")
+        out.flush()
+        return 1
     out.flush()
     try:
         state.append("task-prolog.context", as_user=True, node=ctx.node, hook=ctx.hook,
@@ -60,6 +66,18 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     except JobwrapError as exc:
         log.get().warning("task-prolog.state_unavailable", error=str(exc))
     return EXIT_OK
+
+
+def _staging_failure(ctx: JobContext, state: JobState) -> str:
+    """Why this node's prolog could not prepare the job: its data or its directives."""
+    for event in state.events():
+        if event.get("source") != "root" or event.get("node") != ctx.node or \
+                event.get("attempt") != ctx.attempt:
+            continue
+        if (event.get("event") == "staging.failed" and event.get("direction") == "in") or \
+                event.get("event") == "directives.invalid":
+            return " ".join(str(event.get("error", "")).split())
+    return ""
 
 
 def _is_batch(env: Mapping[str, str]) -> bool:

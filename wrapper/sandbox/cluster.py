@@ -322,8 +322,9 @@ epilog_budget = 100
 
         cfg = config.load(str(self.jobwrap_config))
         install(b / "etc", render(SiteDefaults.from_config(cfg), str(self.jobwrap_config)))
-        for sub in ("state", "cache", "archive"):
-            (b / "jobwrap" / sub).mkdir(mode=0o755, exist_ok=True)
+        for sub, mode in (("state", 0o755), ("cache", 0o700), ("archive", 0o711)):
+            (b / "jobwrap" / sub).mkdir(exist_ok=True)
+            os.chmod(b / "jobwrap" / sub, mode)
 
     def _start_munge(self) -> None:
         if _munge_works():

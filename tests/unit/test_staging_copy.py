@@ -1,0 +1,282 @@
+"""Stage-in without the cache: the copy engine, run by a worker with the user's rights."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_staging_support import (
+    digest,
+    jwtest,
+    make_dataset,
+    public_dir,
+    tmpfs,
+)
+from wrapper.errors import UserInputError
+from wrapper.staging import (
+    Progress,
+    StageSettings,
+    StagingError,
+    UserIds,
+    parse_stage_in,
+    prepare_scratch,
+    stage_in,
+)
+from wrapper.staging import copy as engine
+from wrapper.staging.manifest import Entry
+
+NO_MARGIN = StageSettings(free_margin_bytes=0)
+
+
+@pytest.fixture
+def user() -> UserIds:
+    return jwtest()
+
+
+@pytest.fixture
+def area() -> Iterator[Path]:
+    with public_dir() as path:
+        yield path
+
+
+@pytest.fixture
+def dataset(area: Path) -> Path:
+    return make_dataset(area / "shared" / "ds")
+
+
+@pytest.fixture
+def scratch(area: Path, user: UserIds) -> Path:
+    return prepare_scratch(area / "scratch", "100", user)
+
+
+def test_a_tree_is_staged_byte_for_byte_and_owned_by_the_user(
+        dataset: Path, scratch: Path, user: UserIds) -> None:
+    updates: list[Progress] = []
+    report = stage_in([parse_stage_in(f"{dataset}:data/in")], scratch=scratch, user=user,
+                      settings=StageSettings(free_margin_bytes=0, progress_interval=0),
+                      progress=updates.append)
+    staged = scratch / "data" / "in"
+    assert digest(staged) == digest(dataset)  # content, links, modes and mtimes
+    [item] = report.items
+    assert (item.files, item.bytes) == (6, sum(f.stat().st_size for f in dataset.rglob("*")
+                                               if f.is_file() and not f.is_symlink()))
+    assert item.cache_hit is None and item.source == str(dataset) and item.dest == "data/in"
+    for path in [scratch / "data", *staged.rglob("*")]:
+        info = path.lstat()
+        assert (info.st_uid, info.st_gid) == (user.uid, user.gid), path
+    assert updates[-1].done and updates[-1].bytes_done == item.bytes
+    assert updates[-1].files_done == updates[-1].files_total == 6
+    assert [u.bytes_done for u in updates] == sorted(u.bytes_done for u in updates)
+    assert updates[-1].rate > 0
+
+
+def test_a_single_file_takes_its_name(dataset: Path, scratch: Path, user: UserIds) -> None:
+    report = stage_in([parse_stage_in(str(dataset / "sub" / "big.bin"))], scratch=scratch,
+                      user=user, settings=NO_MARGIN)
+    assert (scratch / "big.bin").read_bytes() == (dataset / "sub" / "big.bin").read_bytes()
+    assert report.items[0].dest == "big.bin"
+
+
+def test_relative_sources_are_read_from_the_work_dir(dataset: Path, scratch: Path,
+                                                     user: UserIds) -> None:
+    stage_in([parse_stage_in("ds/a.txt:a")], scratch=scratch, user=user, settings=NO_MARGIN,
+             work_dir=str(dataset.parent))
+    assert (scratch / "a").read_text() == "hello\n"
+    with pytest.raises(UserInputError, match="relative and the job's working directory"):
+        stage_in([parse_stage_in("ds/a.txt:b")], scratch=scratch, user=user,
+                 settings=NO_MARGIN)
+
+
+def test_sha256_verification_reports_the_checksums(dataset: Path, scratch: Path,
+                                                   user: UserIds) -> None:
+    report = stage_in([parse_stage_in(f"{dataset}:d")], scratch=scratch, user=user,
+                      settings=StageSettings(verify="sha256", free_margin_bytes=0))
+    sums = report.items[0].checksums
+    assert sums["d/sub/big.bin"] == hashlib.sha256(
+        (dataset / "sub" / "big.bin").read_bytes()).hexdigest()
+    assert len(sums) == 6
+
+
+def test_a_file_only_root_can_read_is_refused_and_nothing_is_copied(
+        area: Path, scratch: Path, user: UserIds) -> None:
+    secret = area / "shared" / "root-only.bin"
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_bytes(b"root's secret")
+    secret.chmod(0o600)
+    with pytest.raises(UserInputError) as info:
+        stage_in([parse_stage_in(f"{secret}:s")], scratch=scratch, user=user,
+                 settings=NO_MARGIN)
+    assert str(info.value).startswith(f"--stage-in={secret}:s: SRC")
+    assert "cannot be read by the job's user (permission denied)" in str(info.value)
+    assert os.listdir(scratch) == []
+
+
+def test_a_tree_with_one_unreadable_file_leaves_nothing_behind(
+        dataset: Path, scratch: Path, user: UserIds) -> None:
+    (dataset / "sub" / "deep" / "empty").chmod(0o600)
+    with pytest.raises(UserInputError, match="cannot be read by the job's user"):
+        stage_in([parse_stage_in(f"{dataset}:data/in")], scratch=scratch, user=user,
+                 settings=NO_MARGIN)
+    assert os.listdir(scratch) == []  # what it had made (data/, data/in/...) is gone
+
+
+def test_a_missing_source(area: Path, scratch: Path, user: UserIds) -> None:
+    with pytest.raises(UserInputError, match="does not exist on this node"):
+        stage_in([parse_stage_in(f"{area}/nope:x")], scratch=scratch, user=user)
+
+
+def test_a_fifo_is_refused_without_being_opened(dataset: Path, scratch: Path,
+                                               user: UserIds) -> None:
+    os.mkfifo(dataset / "sub" / "pipe")  # opening it would block forever
+    with pytest.raises(UserInputError, match="'sub/pipe' is a fifo"):
+        stage_in([parse_stage_in(f"{dataset}:d")], scratch=scratch, user=user,
+                 settings=NO_MARGIN, timeout=60)
+
+
+def test_a_symlink_planted_in_scratch_does_not_redirect_the_copy(
+        dataset: Path, area: Path, scratch: Path, user: UserIds) -> None:
+    elsewhere = area / "elsewhere"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o777)  # even where the user could write, nothing lands through a link
+    os.symlink(elsewhere, scratch / "data")
+    with pytest.raises(UserInputError, match="'data' is in the way"):
+        stage_in([parse_stage_in(f"{dataset}:data/in")], scratch=scratch, user=user,
+                 settings=NO_MARGIN)
+    assert os.listdir(elsewhere) == []
+
+
+def test_two_directives_to_one_place(dataset: Path, scratch: Path, user: UserIds) -> None:
+    with pytest.raises(UserInputError, match="'x' already exists"):
+        stage_in([parse_stage_in(f"{dataset}/a.txt:x"), parse_stage_in(f"{dataset}/run.sh:x")],
+                 scratch=scratch, user=user, settings=NO_MARGIN)
+
+
+def test_a_file_cannot_be_staged_onto_scratch_itself(dataset: Path, scratch: Path,
+                                                     user: UserIds) -> None:
+    with pytest.raises(UserInputError, match="a file needs a name"):
+        stage_in([parse_stage_in(f"{dataset}/a.txt:.")], scratch=scratch, user=user)
+
+
+def test_a_folder_can_be_merged_into_scratch(dataset: Path, scratch: Path,
+                                             user: UserIds) -> None:
+    stage_in([parse_stage_in(f"{dataset}:.")], scratch=scratch, user=user, settings=NO_MARGIN)
+    assert (scratch / "sub" / "big.bin").stat().st_size == (dataset / "sub" /
+                                                            "big.bin").stat().st_size
+    info = os.stat(scratch)
+    assert (info.st_mode & 0o777, info.st_uid) == (0o700, user.uid)  # scratch keeps its own
+
+
+def test_a_dataset_too_big_for_the_disk_fails_before_copying(
+        area: Path, dataset: Path, user: UserIds) -> None:
+    with tmpfs(area / "small", "2m") as small:
+        scratch = prepare_scratch(small / "scratch", "101", user)
+        with pytest.raises(UserInputError) as info:
+            stage_in([parse_stage_in(f"{dataset}:data")], scratch=scratch, user=user,
+                     settings=NO_MARGIN)
+        message = str(info.value)
+        assert message.startswith(f"--stage-in={dataset}:data: ")
+        assert re.search(r"needs 3\.\d MiB but only 2\.0 MiB is free on the node's local "
+                         r"disk; stage less data", message)
+        assert "ask for a node with more local disk" in message
+        assert os.listdir(scratch) == []
+
+
+def test_the_margin_is_kept_free(area: Path, dataset: Path, user: UserIds) -> None:
+    with tmpfs(area / "small", "8m") as small:
+        scratch = prepare_scratch(small / "scratch", "102", user)
+        with pytest.raises(UserInputError, match=r"and 6\.0 MiB must stay free"):
+            stage_in([parse_stage_in(f"{dataset}:data")], scratch=scratch, user=user,
+                     settings=StageSettings(free_margin_bytes=6 << 20))
+        stage_in([parse_stage_in(f"{dataset}:data")], scratch=scratch, user=user,
+                 settings=StageSettings(free_margin_bytes=1 << 20))
+        assert (scratch / "data" / "sub" / "big.bin").exists()
+
+
+def test_out_of_time(dataset: Path, scratch: Path, user: UserIds) -> None:
+    with pytest.raises(StagingError, match="ran out of its time budget"):
+        stage_in([parse_stage_in(f"{dataset}:d")], scratch=scratch, user=user, timeout=1e-6)
+
+
+def test_a_scratch_that_is_not_the_users_is_refused(dataset: Path, area: Path,
+                                                    user: UserIds) -> None:
+    (area / "not-theirs").mkdir()
+    with pytest.raises(StagingError, match="not to the job's user"):
+        stage_in([parse_stage_in(f"{dataset}:d")], scratch=area / "not-theirs", user=user)
+
+
+# -- the engine's own pieces ---------------------------------------------------------------
+
+
+def _entry(path: Path) -> Entry:
+    info = path.stat()
+    return Entry("", "file", info.st_size, 0o644, info.st_mtime_ns, info.st_ctime_ns)
+
+
+@pytest.mark.parametrize("broken", [(), ("copy_file_range",),
+                                    ("copy_file_range", "sendfile")])
+def test_every_copy_path_gives_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              broken: tuple[str, ...]) -> None:
+    """copy_file_range, else sendfile, else buffered reads: all byte-for-byte."""
+    for name in broken:
+        def unsupported(*args: object, **kwargs: object) -> int:
+            raise OSError(errno.EXDEV, "pretend another file system")
+        monkeypatch.setattr(engine.os, name, unsupported)
+    source = tmp_path / "src.bin"
+    source.write_bytes(os.urandom((9 << 20) + 7))
+    seen: list[int] = []
+    fd = os.open(source, os.O_RDONLY)
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        copied = engine.write_file(fd, _entry(source), dir_fd, "dst.bin", label="dst.bin",
+                                   mode=0o640, verify="sha256", on_bytes=seen.append)
+    finally:
+        os.close(fd)
+        os.close(dir_fd)
+    data = source.read_bytes()
+    assert (tmp_path / "dst.bin").read_bytes() == data
+    assert copied.sha256 == hashlib.sha256(data).hexdigest()
+    assert sum(seen) == len(data)
+    assert (tmp_path / "dst.bin").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "dst.bin").stat().st_mtime_ns == source.stat().st_mtime_ns
+
+
+def test_a_source_that_changed_since_the_scan_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "src.bin"
+    source.write_bytes(b"12345")
+    stale = _entry(source)
+    source.write_bytes(b"123456")
+    fd = os.open(source, os.O_RDONLY)
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(UserInputError, match="changed while it was being staged"):
+            engine.write_file(fd, stale, dir_fd, "dst", label="dst", mode=0o644,
+                              verify="size")
+    finally:
+        os.close(fd)
+        os.close(dir_fd)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_small_files_are_grouped_by_folder_and_large_ones_alone() -> None:
+    entries = [Entry(f"{d}/f{i}", "file", 10) for d in "ab" for i in range(3)]
+    entries += [Entry("a/huge", "file", engine.LARGE), Entry("b/huge", "file", engine.LARGE)]
+    seen: list[list[str]] = []
+
+    def work(entry: Entry) -> None:
+        seen.append([entry.path])
+
+    engine.for_each_by_folder(entries, lambda e: e.path.split("/")[0], work, parallel=1)
+    order = [s[0] for s in seen]
+    assert order[:2] == ["a/huge", "b/huge"]  # largest tasks first
+    assert order[2:5] == ["a/f0", "a/f1", "a/f2"]  # a folder's files together, in order
+    failures = engine.for_each_by_folder(
+        entries, lambda e: e.path.split("/")[0],
+        lambda e: (_ for _ in ()).throw(OSError(errno.EIO, "boom")) if "f1" in e.path
+        else None, parallel=4, keep_going=True)
+    assert sorted(e.path for e, _ in failures) == ["a/f1", "b/f1"]

@@ -1,0 +1,128 @@
+"""The hooks' side of staging: per-job scratch, stage-in in the prolog, stage-out and
+cleanup in the epilog, each recorded in the per-job state.
+
+A stage-in that fails is the job's problem (a source it cannot read, a dataset too big
+for the node): it is recorded, the node stays in service, and the job's batch step is
+refused by the task-prolog with the message in the job's own output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from wrapper import log
+from wrapper.config import Config
+from wrapper.errors import JobwrapError
+from wrapper.jobrecord import JobRecord
+from wrapper.slurm.context import JobContext
+from wrapper.state import JobState
+
+if TYPE_CHECKING:
+    from wrapper.staging import Progress, StageReport, UserIds
+
+PROGRESS_EVERY = 5.0  # seconds between two progress lines of one directive
+
+
+def _user(record: JobRecord) -> UserIds:
+    from wrapper.staging import UserIds
+
+    return UserIds.for_job(record.user, record.uid, record.gid)
+
+
+def scratch_path(cfg: Config, job_id: str) -> Path:
+    return Path(cfg.paths.scratch_root) / job_id
+
+
+def _progress(direction: str) -> Callable[[Progress], None]:
+    last: dict[str, float] = {}
+    logger = log.get()
+
+    def report(update: Progress) -> None:
+        now = time.monotonic()
+        if update.done or now - last.get(update.directive, 0.0) >= PROGRESS_EVERY:
+            last[update.directive] = now
+            logger.info(f"staging.{direction}.progress", directive=update.directive,
+                        files=update.files_done, files_total=update.files_total,
+                        bytes=update.bytes_done, bytes_total=update.bytes_total,
+                        mib_per_s=round(update.rate / 2**20, 1), done=update.done)
+
+    return report
+
+
+def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
+             deadline: float) -> None:
+    """Make the job's scratch on this node and stage its --stage-in directives into it."""
+    from wrapper.staging import Cache, StageSettings, parse_stage_in, prepare_scratch
+    from wrapper.staging import stage_in as copy_in
+
+    user = _user(record)
+    scratch = prepare_scratch(Path(cfg.paths.scratch_root), ctx.job_id, user)
+    directives = record.job_options.stage_in
+    if not directives or record.options_error:
+        return
+    try:
+        report = copy_in([parse_stage_in(d) for d in directives], scratch=scratch, user=user,
+                         cache=Cache.from_config(cfg.paths.cache_root, cfg.staging),
+                         settings=StageSettings.from_config(cfg.staging),
+                         progress=_progress("in"), work_dir=record.work_dir,
+                         timeout=max(1.0, deadline - time.monotonic()))
+    except JobwrapError as exc:
+        log.get().warning("staging.in_failed", error=str(exc))
+        state.append("staging.failed", attempt=ctx.attempt, node=ctx.node, direction="in",
+                     error=str(exc))
+        return
+    _record(ctx, cfg, state, "in", report)
+
+
+def stage_out(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
+              deadline: float) -> None:
+    """Copy the job's --stage-out directives back, whatever the job's outcome."""
+    from wrapper.staging import StageSettings, parse_stage_out
+    from wrapper.staging import stage_out as copy_out
+
+    directives = record.job_options.stage_out
+    scratch = scratch_path(cfg, ctx.job_id)
+    if not directives or record.options_error or not scratch.is_dir():
+        return
+    try:
+        report = copy_out([parse_stage_out(d) for d in directives], scratch=scratch,
+                          user=_user(record), settings=StageSettings.from_config(cfg.staging),
+                          progress=_progress("out"), work_dir=record.work_dir,
+                          timeout=max(1.0, deadline - time.monotonic()))
+    except JobwrapError as exc:
+        log.get().warning("staging.out_failed", error=str(exc))
+        state.append("staging.failed", attempt=ctx.attempt, node=ctx.node, direction="out",
+                     error=str(exc))
+        return
+    _record(ctx, cfg, state, "out", report)
+
+
+def remove_scratch(ctx: JobContext, cfg: Config, state: JobState) -> None:
+    """Remove this node's scratch of the job, never following a link out of it."""
+    from wrapper.staging import remove_scratch as remove
+
+    scratch = scratch_path(cfg, ctx.job_id)
+    if not scratch.exists() and not scratch.is_symlink():
+        return
+    removal = remove(scratch)
+    state.append("scratch.removed", attempt=ctx.attempt, node=ctx.node, files=removal.files,
+                 dirs=removal.dirs, left=removal.left, complete=removal.complete)
+
+
+def _record(ctx: JobContext, cfg: Config, state: JobState, direction: str,
+            report: StageReport) -> None:
+    hits = sum(1 for i in report.items if i.cache_hit)
+    misses = sum(1 for i in report.items if i.cache_hit is False)
+    state.append(f"staging.{direction}", attempt=ctx.attempt, node=ctx.node, cache_hits=hits,
+                 **report.as_dict())
+    log.get().info(f"staging.{direction}.done", files=report.files, bytes=report.bytes,
+                   seconds=round(report.seconds, 3), cache_hits=hits, missing=report.missing)
+    if cfg.metrics.textfile:
+        from wrapper import metrics
+
+        metrics.record_staging(cfg.metrics, direction=direction, bytes_copied=report.bytes,
+                               files=report.files, cache_hits=hits, cache_misses=misses,
+                               node=ctx.node)

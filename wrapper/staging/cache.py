@@ -1,0 +1,578 @@
+"""The node cache: datasets staged once per node, then linked into each job's scratch.
+
+Layout under ``<cache_root>`` (root's, mode 0700; nothing in it is reachable by a user)::
+
+    cache.lock              held while space is reserved and entries are evicted
+    locks/<key>             one flock per entry: shared to use it, exclusive to fill it
+    entries/<key>/data      the dataset (a file, or a folder tree), read-only
+    entries/<key>/reserved  bytes promised to a fill in progress
+    entries/<key>/complete.json   the marker, written last: an entry without it is never
+                            used, and is rebuilt
+    trash/                  entries being deleted
+
+* Key: sha256 of the source's real path and of every file's path, size, mode, mtime and
+  ctime (``cache_key = "stat"``; ctime cannot be set back by a user, so a file rewritten
+  with its old mtime is still noticed), or of every file's content (``"sha256"``: the
+  same data found anywhere is one entry).
+* Two jobs staging the same dataset: the first takes the entry's lock exclusively and
+  fills it; the second waits for the lock, finds the marker, and reuses the entry.
+* Data is filled by root from descriptors the user-side worker opened (see
+  privileges.py), fsynced before the marker is written, owned by root, files 0444 (0555
+  if executable) in 0555 folders. A hard link in a job's scratch shares that inode:
+  root-owned, so the user can neither write it nor chmod it; the job can read, rename or
+  unlink its link, never change the cache. Where the cache and scratch are different
+  file systems (or with ``cache_link = "copy"``) the files are copied instead, and then
+  belong to the user.
+* Least recently used entries (the marker's mtime is touched on every use) are evicted
+  so the cache stays under its cap; an entry in use (its lock held) is never evicted. A
+  dataset larger than the cap, or than the free space, is staged without the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wrapper.errors import UserInputError
+from wrapper.staging.copy import (
+    Meter,
+    TreeResult,
+    copy_files,
+    dest_path,
+    finish_dirs,
+    for_each_by_folder,
+    keep_mode,
+    make_dirs,
+    make_links,
+    write_error,
+    write_file,
+)
+from wrapper.staging.errors import StagingError
+from wrapper.staging.fdtree import DIR_FLAGS, DirTree, open_dir
+from wrapper.staging.manifest import DIR, FILE, Entry, Manifest, sha256_fd
+from wrapper.staging.privileges import UserIds
+from wrapper.staging.scratch import remove_tree
+
+if TYPE_CHECKING:
+    from wrapper.config import StagingConfig
+
+GIB = 1 << 30
+KEY_MODES = ("stat", "sha256")
+LINK_MODES = ("hardlink", "copy")
+MARKER = "complete.json"
+RESERVED = "reserved"
+DATA = "data"
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+_FILE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class CachedEntry:
+    key: str
+    bytes: int
+    last_used: float
+    complete: bool
+    source: str = ""
+
+
+@dataclass
+class Claim:
+    """An entry held under its lock; ``hit`` when it was complete (or became so while we
+    waited for another job filling it)."""
+
+    key: str
+    lock_fd: int
+    hit: bool = False
+    waited: float = 0.0
+    marker: dict[str, Any] = field(default_factory=dict)
+
+
+class Cache:
+    """One node's cache; every method runs in the hook (root), never in the worker."""
+
+    def __init__(self, root: Path, *, max_bytes: int, key_mode: str = "stat",
+                 link: str = "hardlink", free_margin_bytes: int = 0) -> None:
+        if key_mode not in KEY_MODES or link not in LINK_MODES:
+            raise ValueError(f"cache key {key_mode!r} / link {link!r}")
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.key_mode = key_mode
+        self.link = link
+        self.free_margin_bytes = free_margin_bytes
+        self._fds: dict[str, int] = {}
+        self._count_lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, cache_root: str | Path, cfg: StagingConfig) -> Cache | None:
+        """The cache the config asks for, or None when ``[staging] cache = false``."""
+        if not cfg.cache:
+            return None
+        return cls(Path(cache_root), max_bytes=int(cfg.cache_max_gib * GIB),
+                   key_mode=cfg.cache_key, link=cfg.cache_link,
+                   free_margin_bytes=int(cfg.free_space_margin_gib * GIB))
+
+    # -- keys and listing ---------------------------------------------------------------
+
+    def key_for(self, manifest: Manifest) -> str:
+        if self.key_mode == "sha256":
+            rows: list[Any] = [[e.path, e.kind, e.size, e.mode, e.sha256 or e.target]
+                               for e in manifest.entries]
+            if any(e.kind == FILE and not e.sha256 for e in manifest.entries):
+                raise StagingError("a content-keyed cache needs the files' checksums")
+            head: list[Any] = ["jobwrap-cache-1", "sha256", manifest.kind]
+        else:
+            rows = [[e.path, e.kind, e.size, e.mode, e.mtime_ns, e.ctime_ns, e.target]
+                    for e in manifest.entries]
+            head = ["jobwrap-cache-1", "stat", manifest.source, manifest.kind]
+        blob = json.dumps([*head, rows], separators=(",", ":")).encode("utf-8",
+                                                                         "surrogateescape")
+        return hashlib.sha256(blob).hexdigest()
+
+    def entries(self) -> list[CachedEntry]:
+        """Every entry, complete or not (for tests, ``jobwrap doctor`` and eviction)."""
+        out = []
+        entries_fd = self._dir("entries")
+        for key in sorted(os.listdir(entries_fd)):
+            if not _KEY.match(key):
+                continue
+            marker = self._read_marker(key)
+            if marker is not None:
+                with contextlib.suppress(OSError):
+                    used = os.stat(f"{key}/{MARKER}", dir_fd=entries_fd,
+                                   follow_symlinks=False).st_mtime
+                    out.append(CachedEntry(key, int(marker.get("bytes", 0)), used, True,
+                                           str(marker.get("source", ""))))
+                continue
+            out.append(CachedEntry(key, self._reserved(key), 0.0, False))
+        return out
+
+    def usage(self) -> int:
+        """Bytes held by complete entries."""
+        return sum(e.bytes for e in self.entries() if e.complete)
+
+    def needs_copy(self, scratch_fd: int) -> bool:
+        """Whether placing into this scratch copies (so it needs room there)."""
+        return self.link == "copy" or os.fstat(scratch_fd).st_dev != os.fstat(
+            self._dir("entries")).st_dev
+
+    # -- claiming, filling, placing -----------------------------------------------------
+
+    @contextlib.contextmanager
+    def claim(self, key: str, *, deadline: float | None = None) -> Iterator[Claim]:
+        """Hold entry ``key``: shared when it is complete, else exclusive (to fill it)."""
+        _check_key(key)
+        started = time.monotonic()
+        fd = self._lock(key, shared=True, deadline=deadline)
+        marker = self._read_marker(key)
+        if marker is None:
+            # Not complete: take it exclusively. Another job may fill it meanwhile.
+            os.close(fd)
+            fd = self._lock(key, shared=False, deadline=deadline)
+            marker = self._read_marker(key)
+            if marker is None:
+                self._discard_incomplete(key)
+        claim = Claim(key, fd, hit=marker is not None, waited=time.monotonic() - started,
+                      marker=marker or {})
+        try:
+            yield claim
+        finally:
+            os.close(fd)
+
+    def reserve(self, claim: Claim, need: int) -> bool:
+        """Make room for a fill of ``need`` bytes, evicting the least recently used
+        entries; False when the dataset cannot be cached (larger than the cap or the
+        free space), and the caller stages it without the cache."""
+        if need > self.max_bytes:
+            return False
+        with self._global_lock():
+            self._empty_trash()
+            others = [e for e in self.entries() if e.key != claim.key]
+            usage = 0
+            complete = []
+            for entry in others:
+                if entry.complete:
+                    usage += entry.bytes
+                    complete.append(entry)
+                elif not self._remove_if_idle(entry.key):
+                    usage += entry.bytes  # another job's fill in progress: its promise counts
+            complete.sort(key=lambda e: e.last_used)
+            for entry in complete:
+                if usage + need <= self.max_bytes and self._free() >= need + \
+                        self.free_margin_bytes:
+                    break
+                if self._remove_if_idle(entry.key):
+                    usage -= entry.bytes
+            self._empty_trash()
+            if usage + need > self.max_bytes or self._free() < need + self.free_margin_bytes:
+                return False
+            entries_fd = self._dir("entries")
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(claim.key, 0o700, dir_fd=entries_fd)
+            entry_fd = os.open(claim.key, DIR_FLAGS, dir_fd=entries_fd)
+            try:
+                _write_atomic(entry_fd, RESERVED, str(need).encode())
+            finally:
+                os.close(entry_fd)
+        return True
+
+    def fill(self, claim: Claim, manifest: Manifest,
+             batches: Iterable[list[tuple[Entry, int]]], *, verify: str, parallel: int,
+             meter: Meter | None = None) -> dict[str, str]:
+        """Copy the dataset into the claimed entry from open source descriptors, then
+        write the marker. Takes ownership of every descriptor in ``batches``. Returns
+        the sha256 of each file when they were computed (path in the dataset -> hex)."""
+        if self.key_mode == "sha256":
+            verify = "sha256"  # the key promises content: check the bytes against it
+        entry_fd = os.open(claim.key, DIR_FLAGS, dir_fd=self._dir("entries"))
+        tree = None
+        try:
+            if manifest.kind == DIR:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(DATA, 0o700, dir_fd=entry_fd)
+                data_fd = os.open(DATA, DIR_FLAGS, dir_fd=entry_fd)
+                tree = DirTree(data_fd)
+                dest = ""
+            else:
+                tree = DirTree(entry_fd)
+                dest = DATA
+            make_dirs(manifest, tree, dest)
+            result = TreeResult()
+            for batch in batches:
+                fds = {e.path: fd for e, fd in batch}
+                try:
+                    copy_files([e for e, _ in batch], partial(_dup_of, fds), tree, dest,
+                               result, verify=verify, parallel=parallel, meter=meter,
+                               file_mode=_cached_mode, durable=True)
+                finally:
+                    for fd in fds.values():
+                        os.close(fd)
+            if result.files != len(manifest.files):
+                raise StagingError(f"the cache fill got {result.files} of "
+                                   f"{len(manifest.files)} files from the worker")
+            make_links(manifest, tree, dest, result)
+            finish_dirs(manifest, tree, dest, result, dir_mode=lambda e: 0o555, durable=True)
+            checksums = {_dataset_path(dest, p): h for p, h in result.checksums.items()}
+            for entry in manifest.files:
+                if entry.sha256 and checksums.get(entry.path) != entry.sha256:
+                    raise StagingError(f"{entry.path!r} does not match the checksum it was "
+                                       "keyed by; it changed while being staged")
+            marker = {"v": 1, "key": claim.key, "source": manifest.source,
+                      "kind": manifest.kind, "files": len(manifest.files),
+                      "bytes": manifest.total_bytes, "created": time.time(),
+                      "checksums": checksums}
+            _write_atomic(entry_fd, MARKER, json.dumps(marker).encode(), mode=0o444)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(RESERVED, dir_fd=entry_fd)
+            os.fsync(entry_fd)
+            claim.marker = marker
+            return checksums
+        finally:
+            if tree is not None:
+                tree.close()
+                if tree.root_fd != entry_fd:
+                    os.close(tree.root_fd)
+            os.close(entry_fd)
+
+    def open_data(self, claim: Claim) -> int:
+        """A read descriptor of a single-file entry (an archive to unpack)."""
+        return os.open(f"{claim.key}/{DATA}", _FILE_READ, dir_fd=self._dir("entries"))
+
+    def place(self, claim: Claim, manifest: Manifest, scratch_fd: int, dest: str,
+              user: UserIds, *, verify: str, parallel: int,
+              meter: Meter | None = None) -> TreeResult:
+        """Link (or copy) a complete entry to ``dest`` inside the job's scratch.
+
+        Root writes into the user's folder here, so only through descriptors: every
+        folder is walked or made with no-follow opens, every name is new (O_EXCL, link),
+        and the folders it makes stay root's, mode 0700, until they are full, then are
+        handed to the user.
+        """
+        if not claim.marker:
+            raise StagingError("placing a cache entry that is not complete")
+        if manifest.kind == FILE and dest in ("", "."):
+            raise UserInputError("DEST '.' is the scratch folder itself; a file needs a name "
+                                 "(--stage-in=SRC:NAME)")
+        dest = "" if dest == "." else dest
+        owner = (user.uid, user.gid)
+        entry_fd = os.open(claim.key, DIR_FLAGS, dir_fd=self._dir("entries"))
+        cache_tree = DirTree(entry_fd, create=False)
+        source_root = DATA if manifest.kind == DIR else ""
+        tree = DirTree(scratch_fd)
+        result = TreeResult()
+        copy = [self.link == "copy"]
+        expected = claim.marker.get("checksums") or {}
+
+        def cached(entry: Entry) -> tuple[int, str]:
+            path = dest_path(source_root, entry) if manifest.kind == DIR else DATA
+            parent, _, name = path.rpartition("/")
+            return cache_tree.get(parent), name
+
+        def place_one(entry: Entry) -> None:
+            path = dest_path(dest, entry)
+            parent, _, name = path.rpartition("/")
+            parent_fd = tree.get(parent)
+            cache_parent, cache_name = cached(entry)
+            if not copy[0]:
+                try:
+                    os.link(cache_name, name, src_dir_fd=cache_parent, dst_dir_fd=parent_fd,
+                            follow_symlinks=False)
+                except FileExistsError:
+                    raise UserInputError(f"{path!r} already exists (do two directives stage "
+                                         "to the same place?)") from None
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:
+                        raise write_error(path, exc) from None
+                    copy[0] = True  # another file system after all: copy from now on
+                else:
+                    source = os.stat(cache_name, dir_fd=cache_parent, follow_symlinks=False)
+                    linked = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+                    if (linked.st_ino, linked.st_size) != (source.st_ino, entry.size):
+                        raise StagingError(f"{path}: the link does not match the cache entry")
+                    digest = self._check_sum(cache_parent, cache_name, entry, expected, verify)
+                    self._count(result, path, entry.size, digest, meter)
+                    return
+            src = os.open(cache_name, _FILE_READ, dir_fd=cache_parent)
+            try:
+                copied = write_file(src, entry, parent_fd, name, label=path,
+                                    mode=keep_mode(entry), verify=verify, owner=owner)
+            finally:
+                os.close(src)
+            want = expected.get(entry.path)
+            if copied.sha256 and want and copied.sha256 != want:
+                raise StagingError(f"{path}: the cache entry no longer matches its checksum")
+            self._count(result, path, copied.bytes, copied.sha256, meter)
+
+        try:
+            make_dirs(manifest, tree, dest)
+            if manifest.kind == FILE:
+                tree.get(dest.rpartition("/")[0])
+            for_each_by_folder(manifest.files,
+                               lambda e: dest_path(dest, e).rpartition("/")[0], place_one,
+                               parallel=parallel)
+            make_links(manifest, tree, dest, result, owner=owner)
+            finish_dirs(manifest, tree, dest, result, owner=owner)
+            # DEST's own parents made here: the user's too
+            dataset = {dest_path(dest, e) for e in manifest.entries if e.kind == DIR}
+            for rel in tree.made:
+                if rel not in dataset:
+                    os.fchown(tree.get(rel), *owner)
+            self._touch(claim.key)
+        finally:
+            tree.close()
+            cache_tree.close()
+            os.close(entry_fd)
+        return result
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _count(self, result: TreeResult, path: str, size: int, digest: str,
+               meter: Meter | None) -> None:
+        with self._count_lock:
+            result.files += 1
+            result.bytes += size
+            if digest:
+                result.checksums[path] = digest
+        if meter:
+            meter.add(files=1, nbytes=size)
+
+    def _check_sum(self, parent_fd: int, name: str, entry: Entry, expected: dict[str, str],
+                   verify: str) -> str:
+        if verify != "sha256":
+            return ""
+        fd = os.open(name, _FILE_READ, dir_fd=parent_fd)
+        try:
+            digest = sha256_fd(fd)
+        finally:
+            os.close(fd)
+        want = expected.get(entry.path)
+        if want and want != digest:
+            raise StagingError(f"{entry.path!r}: the cache entry no longer matches its "
+                               "checksum (disk corruption?); it will be rebuilt")
+        return digest
+
+    def _dir(self, name: str) -> int:
+        if not self._fds:
+            self._open()
+        return self._fds[name]
+
+    def _open(self) -> None:
+        """Open (making if needed) the cache's folders; they must be ours and private."""
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(self.root.parent, 0o755, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.root, 0o700)
+        try:
+            root_fd = open_dir(self.root)
+        except OSError as exc:
+            raise StagingError(f"cannot open the cache {self.root}: {exc.strerror} (a "
+                               "symlink? set paths.cache_root to the real folder)") from None
+        info = os.fstat(root_fd)
+        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            os.close(root_fd)
+            raise StagingError(f"the cache {self.root} must be owned by uid {os.geteuid()} "
+                               f"with mode 0700 (it is uid {info.st_uid}, mode "
+                               f"{stat.S_IMODE(info.st_mode):04o})")
+        fds = {"root": root_fd}
+        for name in ("entries", "locks", "trash"):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=root_fd)
+            fds[name] = os.open(name, DIR_FLAGS, dir_fd=root_fd)
+        self._fds = fds
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+    def _lock(self, key: str, *, shared: bool, deadline: float | None) -> int:
+        """flock the entry's lock file, waiting until ``deadline``; the file may be
+        unlinked by an evictor between our open and our lock, so check it is still the
+        one in place, else start over."""
+        locks_fd = self._dir("locks")
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        pause = 0.005
+        while True:
+            fd = os.open(key, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=locks_fd)
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        os.close(fd)
+                        raise StagingError("waited too long for another job that is caching "
+                                           "the same dataset on this node") from None
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.2)
+            try:
+                current = os.stat(key, dir_fd=locks_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            if current is not None and current.st_ino == os.fstat(fd).st_ino:
+                return fd
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _global_lock(self) -> Iterator[None]:
+        fd = os.open("cache.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=self._dir("root"))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read_marker(self, key: str) -> dict[str, Any] | None:
+        try:
+            fd = os.open(f"{key}/{MARKER}", _FILE_READ, dir_fd=self._dir("entries"))
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                data = json.load(handle) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or data.get("key") != key:
+            return None
+        return data
+
+    def _reserved(self, key: str) -> int:
+        try:
+            fd = os.open(f"{key}/{RESERVED}", _FILE_READ, dir_fd=self._dir("entries"))
+        except OSError:
+            return 0
+        try:
+            return int(os.read(fd, 64) or b"0")
+        except ValueError:
+            return 0
+        finally:
+            os.close(fd)
+
+    def _touch(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(f"{key}/{MARKER}", dir_fd=self._dir("entries"), follow_symlinks=False)
+
+    def _free(self) -> int:
+        info = os.fstatvfs(self._dir("entries"))
+        return info.f_bavail * info.f_frsize
+
+    def _discard_incomplete(self, key: str) -> None:
+        """Move a half-filled entry (a crash, a failed fill) to the trash; we hold its lock."""
+        entries_fd = self._dir("entries")
+        try:
+            os.rename(key, f"{key}.{secrets.token_hex(4)}", src_dir_fd=entries_fd,
+                      dst_dir_fd=self._dir("trash"))
+        except FileNotFoundError:
+            return
+
+    def _remove_if_idle(self, key: str) -> bool:
+        """Remove an entry nobody holds (non-blocking); False if it is in use."""
+        locks_fd = self._dir("locks")
+        fd = os.open(key, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=locks_fd)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            self._discard_incomplete(key)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(key, dir_fd=locks_fd)  # waiters notice (inode check) and retry
+            return True
+        finally:
+            os.close(fd)
+
+    def _empty_trash(self) -> None:
+        trash_fd = self._dir("trash")
+        for name in os.listdir(trash_fd):
+            remove_tree(trash_fd, name, display=f"{self.root}/trash/{name}")
+
+
+def _dup_of(fds: dict[str, int], entry: Entry) -> int:
+    return os.dup(fds[entry.path])  # copy_files closes what it is given
+
+
+def _cached_mode(entry: Entry) -> int:
+    return 0o555 if entry.mode & 0o111 else 0o444
+
+
+def _dataset_path(dest: str, path: str) -> str:
+    return path[len(dest) + 1:] if dest and path.startswith(dest + "/") else \
+        "" if path == dest else path
+
+
+def _check_key(key: str) -> None:
+    if not _KEY.match(key):
+        raise StagingError(f"{key!r} is not a cache key")
+
+
+def _write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600) -> None:
+    temp = f".{name}.{secrets.token_hex(4)}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
