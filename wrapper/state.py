@@ -64,20 +64,28 @@ class JobState:
             self._make_user_file(name, uid, gid)
 
     def _make_user_file(self, name: str, uid: int, gid: int | None) -> None:
+        """Create ``name`` owned by the job user, appearing only once it is theirs.
+
+        Made under a private name, chowned, then hard-linked into place: another node's
+        prolog sharing this state_dir never sees it half made (still root's).
+        """
         user_file = self.path / name
+        tmp = self.path / f".{name}.{os.getpid()}.new"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o640)
         try:
-            fd = os.open(user_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o640)
+            os.fchown(fd, uid, gid if gid is not None else -1)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, user_file)
         except FileExistsError:
             info = os.lstat(user_file)
             if not stat.S_ISREG(info.st_mode) or info.st_uid != uid:
                 raise StateError(f"{user_file} exists but is not a regular file owned by "
                                  f"uid {uid}") from None
-            return
-        try:
-            os.fchown(fd, uid, gid if gid is not None else -1)
         finally:
-            os.close(fd)
+            os.unlink(tmp)
 
     def append(self, event: str, *, as_user: bool = False, **data: Any) -> dict[str, Any]:
         """Append one event; returns the record written."""

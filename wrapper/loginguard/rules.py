@@ -278,8 +278,15 @@ def _targets(procs: Iterable[ProcessSample], policy: Policy) -> tuple[ProcRef, .
     return tuple(p.ref for p in procs if not policy.is_protected(p))
 
 
+# CPU time comes in 10 ms ticks: over a shorter look than this, a process starting up
+# reads as several cores. The service scans every [login_guard] interval (10 s).
+MIN_CPU_SAMPLE = 0.25
+
+
 def _cpu(procs: list[ProcessSample], snapshot: Snapshot, policy: Policy,
          capped: bool) -> list[Finding]:
+    if snapshot.seconds < MIN_CPU_SAMPLE:
+        return []
     groups: dict[str, list[ProcessSample]] = defaultdict(list)
     for p in procs:
         groups["cpu" if p.name not in policy.allowances else f"cpu:{p.name}"].append(p)
