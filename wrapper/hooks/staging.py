@@ -27,7 +27,7 @@ PROGRESS_EVERY = 5.0  # seconds between two progress lines of one directive
 
 
 def _user(record: JobRecord) -> UserIds:
-    from wrapper.staging import UserIds
+    from wrapper.staging.privileges import UserIds
 
     return UserIds.for_job(record.user, record.uid, record.gid)
 
@@ -55,14 +55,17 @@ def _progress(direction: str) -> Callable[[Progress], None]:
 def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
              deadline: float) -> None:
     """Make the job's scratch on this node and stage its --stage-in directives into it."""
-    from wrapper.staging import Cache, StageSettings, parse_stage_in, prepare_scratch
-    from wrapper.staging import stage_in as copy_in
+    from wrapper.staging.scratch import prepare_scratch
 
     user = _user(record)
     scratch = prepare_scratch(Path(cfg.paths.scratch_root), ctx.job_id, user)
     directives = record.job_options.stage_in
     if not directives or record.options_error:
         return
+    # The copy engine and the cache only for a job that stages something.
+    from wrapper.staging import Cache, StageSettings, parse_stage_in
+    from wrapper.staging import stage_in as copy_in
+
     try:
         report = copy_in([parse_stage_in(d) for d in directives], scratch=scratch, user=user,
                          cache=Cache.from_config(cfg.paths.cache_root, cfg.staging),

@@ -19,33 +19,23 @@ directions), channel and fdtree (the plumbing root relies on).
 
 from __future__ import annotations
 
-from wrapper.staging.cache import Cache, CachedEntry
-from wrapper.staging.errors import StagingError
-from wrapper.staging.privileges import UserIds
-from wrapper.staging.report import Progress, StageItem, StageReport, format_bytes
-from wrapper.staging.scratch import Removal, prepare_scratch, remove_scratch
-from wrapper.staging.settings import StageSettings
-from wrapper.staging.spec import StageIn, StageOut, parse_stage_in, parse_stage_out
-from wrapper.staging.stagein import stage_in
-from wrapper.staging.stageout import stage_out
+import importlib
+from typing import Any
 
-__all__ = [
-    "Cache",
-    "CachedEntry",
-    "Progress",
-    "Removal",
-    "StageIn",
-    "StageItem",
-    "StageOut",
-    "StageReport",
-    "StageSettings",
-    "StagingError",
-    "UserIds",
-    "format_bytes",
-    "parse_stage_in",
-    "parse_stage_out",
-    "prepare_scratch",
-    "remove_scratch",
-    "stage_in",
-    "stage_out",
-]
+# Names load on first use: a prolog with nothing to stage imports only the scratch code,
+# not the copy engine, the cache and the archive readers (tarfile, zipfile, lzma).
+_EXPORTS = {
+    "Cache": "cache", "CachedEntry": "cache", "StagingError": "errors",
+    "UserIds": "privileges", "Progress": "report", "StageItem": "report",
+    "StageReport": "report", "format_bytes": "report", "Removal": "scratch",
+    "prepare_scratch": "scratch", "remove_scratch": "scratch", "StageSettings": "settings",
+    "StageIn": "spec", "StageOut": "spec", "parse_stage_in": "spec",
+    "parse_stage_out": "spec", "stage_in": "stagein", "stage_out": "stageout",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"wrapper.staging.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'wrapper.staging' has no attribute {name!r}")
