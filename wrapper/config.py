@@ -291,8 +291,9 @@ class StagingConfig(Section):
                            "(instant; read-only files owned by root) or copy (the user's own "
                            "writable copies). Across file systems hardlink copies.",
                            choices=("hardlink", "copy"))
-    parallel_files: int = _opt(8, "Files copied at once (threads); small files are spread "
-                               "by folder, a large file is a task of its own.", positive=True)
+    parallel_files: int = _opt(8, "Files copied at once (threads, never more than the CPUs "
+                               "jobwrap may use); small files are spread by folder, a large "
+                               "file is a task of its own.", positive=True)
     free_space_margin_gib: float = _opt(1.0, "Local disk space in GiB a stage-in must leave "
                                         "free; data that would leave less fails before "
                                         "anything is copied.", non_negative=True)

@@ -29,7 +29,7 @@ from wrapper.staging import (
     stage_in,
 )
 from wrapper.staging import copy as engine
-from wrapper.staging.manifest import Entry
+from wrapper.staging.manifest import Entry, SourceTree
 
 NO_MARGIN = StageSettings(free_margin_bytes=0)
 
@@ -280,3 +280,37 @@ def test_small_files_are_grouped_by_folder_and_large_ones_alone() -> None:
         lambda e: (_ for _ in ()).throw(OSError(errno.EIO, "boom")) if "f1" in e.path
         else None, parallel=4, keep_going=True)
     assert sorted(e.path for e, _ in failures) == ["a/f1", "b/f1"]
+
+
+def test_a_file_rewritten_with_its_old_mtime_is_still_noticed(tmp_path: Path) -> None:
+    """A user can set an mtime back; the ctime moves anyway, and the copy checks it."""
+    source = tmp_path / "src.bin"
+    source.write_bytes(b"original")
+    with SourceTree(str(source)) as tree:
+        [entry] = tree.manifest.entries
+        source.write_bytes(b"poisoned")  # same size
+        os.utime(source, ns=(entry.mtime_ns, entry.mtime_ns))
+        fd = tree.open(entry)
+        dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with pytest.raises(UserInputError, match="changed while it was being staged"):
+                engine.write_file(fd, entry, dir_fd, "dst", label="dst", mode=0o644,
+                                  verify="size")
+        finally:
+            os.close(fd)
+            os.close(dir_fd)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_scan_is_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "ds" / "sub").mkdir(parents=True)
+    (tmp_path / "ds" / "sub" / "f").write_text("real")
+    (tmp_path / "decoy").mkdir()
+    (tmp_path / "decoy" / "f").write_text("fake")
+    with SourceTree(str(tmp_path / "ds")) as tree:
+        entry = next(e for e in tree.manifest.entries if e.path == "sub/f")
+        os.rename(tmp_path / "ds" / "sub", tmp_path / "moved")
+        os.symlink(tmp_path / "decoy", tmp_path / "ds" / "sub")
+        with pytest.raises(UserInputError, match="folder 'sub' changed while it was being "
+                                                 "staged"):
+            tree.open(entry)

@@ -348,7 +348,8 @@ class Cache:
             src = os.open(cache_name, _FILE_READ, dir_fd=cache_parent)
             try:
                 copied = write_file(src, entry, parent_fd, name, label=path,
-                                    mode=keep_mode(entry), verify=verify, owner=owner)
+                                    mode=keep_mode(entry), verify=verify, owner=owner,
+                                    same_inode=False)
             finally:
                 os.close(src)
             want = expected.get(entry.path)

@@ -20,6 +20,7 @@ import errno
 import hashlib
 import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -144,17 +145,16 @@ def copy_data(src: int, dst: int, size: int, *, hasher: hashlib._Hash | None = N
 
 def write_file(src: int, entry: Entry, dir_fd: int, name: str, *, label: str, mode: int,
                verify: str, owner: tuple[int, int] | None = None, replace: bool = False,
-               durable: bool = False,
+               durable: bool = False, same_inode: bool = True,
                on_bytes: Callable[[int], None] | None = None) -> Copied:
     """Copy one file into ``dir_fd``/``name`` and verify it; nothing is left on failure.
 
     Without ``replace`` the name must be new (``O_EXCL``: never write through something
     already there); with it the copy is written under a temporary name and renamed over
-    the old one, so a reader never sees half a file.
+    the old one, so a reader never sees half a file. ``same_inode``: ``src`` is the very
+    file the entry was scanned from, so its ctime must not have moved either (a user can
+    set an mtime back, never a ctime); false when copying from the cache's own copy.
     """
-    before = os.fstat(src)
-    if (before.st_size, before.st_mtime_ns) != (entry.size, entry.mtime_ns):
-        raise _changed(label)
     target = f".{name[:200]}.jobwrap-{secrets.token_hex(4)}" if replace else name
     try:
         fd = os.open(target, _CREATE, 0o600, dir_fd=dir_fd)
@@ -166,9 +166,12 @@ def write_file(src: int, entry: Entry, dir_fd: int, name: str, *, label: str, mo
     try:
         hasher = hashlib.sha256() if verify == "sha256" else None
         done = copy_data(src, fd, entry.size, hasher=hasher, on_bytes=on_bytes)
+        # checked after the copy, against the scan: catches a file replaced since the
+        # scan as well as one written during the copy
         after = os.fstat(src)
-        if done != entry.size or (after.st_size, after.st_mtime_ns) != (before.st_size,
-                                                                         before.st_mtime_ns):
+        if done != entry.size or not stat.S_ISREG(after.st_mode) or (
+                after.st_size, after.st_mtime_ns) != (entry.size, entry.mtime_ns) or (
+                same_inode and after.st_ctime_ns != entry.ctime_ns):
             raise _changed(label)
         if owner is not None:
             os.fchown(fd, *owner)  # before chmod: chown clears set-id bits
@@ -273,11 +276,13 @@ def copy_files(files: Sequence[Entry], open_source: Callable[[Entry], int], tree
     def copy_one(entry: Entry) -> None:
         path = dest_path(dest, entry)
         parent, _, name = path.rpartition("/")
+        large = entry.size > CHUNK  # only a large file reports while it is copied
         src = open_source(entry)
         try:
             copied = write_file(src, entry, tree.get(parent), name, label=path,
                                 mode=file_mode(entry), verify=verify, owner=owner,
-                                replace=replace, durable=durable, on_bytes=on_bytes)
+                                replace=replace, durable=durable,
+                                on_bytes=on_bytes if large else None)
         finally:
             os.close(src)
         with lock:
@@ -286,7 +291,7 @@ def copy_files(files: Sequence[Entry], open_source: Callable[[Entry], int], tree
             if copied.sha256:
                 result.checksums[path] = copied.sha256
         if meter:
-            meter.add(files=1)
+            meter.add(files=1, nbytes=0 if large else copied.bytes)
 
     failures = for_each_by_folder(files, lambda e: dest_path(dest, e).rpartition("/")[0],
                                   copy_one, parallel=parallel, keep_going=keep_going)
@@ -369,7 +374,10 @@ def for_each_by_folder(entries: Sequence[Entry], folder_of: Callable[[Entry], st
                     stop.set()
                     return
 
-    workers = max(1, min(parallel, len(tasks)))
+    # No more threads than CPUs: creating files is kernel work, and threads beyond the
+    # CPUs only fight over the folder locks and the GIL (measured: 8 threads on 2 CPUs
+    # copy 20,000 small files half as fast as 2).
+    workers = max(1, min(parallel, len(tasks), usable_cpus()))
     if workers == 1:
         for task in tasks:
             run(task)
@@ -379,6 +387,14 @@ def for_each_by_folder(entries: Sequence[Entry], folder_of: Callable[[Entry], st
     if failures and not keep_going:
         raise failures[0][1]
     return failures
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity: a cgroup cpuset or taskset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except OSError:  # pragma: no cover - sched_getaffinity exists on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def space_needed(manifest: Manifest, dir_fd: int) -> int:

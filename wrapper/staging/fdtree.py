@@ -62,6 +62,9 @@ class DirTree:
 
     def get(self, rel: str) -> int:
         """The descriptor of directory ``rel`` ("" is the root)."""
+        fd = self._fds.get(rel)  # the hot path (once per file): a dict read needs no lock
+        if fd is not None:
+            return fd
         with self._lock:
             return self._get(rel)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from wrapper.errors import UserInputError
 from wrapper.staging.errors import StagingError
-from wrapper.staging.fdtree import DIR_FLAGS, FILE_READ_FLAGS
+from wrapper.staging.fdtree import DIR_FLAGS, FILE_READ_FLAGS, DirTree
 from wrapper.staging.spec import MAX_NAME_BYTES
 
 FILE, DIR, LINK = "file", "dir", "symlink"
@@ -132,6 +132,7 @@ class SourceTree:
         except OSError as exc:
             raise _unreadable(f"{label} {path!r}", exc) from None
         self.root_fd = fd
+        self._dirs = DirTree(fd, create=False)
         try:
             info = os.fstat(fd)
             if (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
@@ -151,20 +152,30 @@ class SourceTree:
             raise
 
     def open(self, entry: Entry) -> int:
-        """A read descriptor of one file of the manifest (the caller closes it)."""
+        """A read descriptor of one file of the manifest (the caller closes it).
+
+        Reached folder by folder with no-follow opens, as the scan did: a folder swapped
+        for a symlink since the scan is refused, not followed. O_NONBLOCK: a fifo swapped
+        in cannot hang us; the copy checks type, size, mtime and ctime of what it read
+        against the scan.
+        """
         if self.manifest.kind == FILE:
             return os.dup(self.root_fd)  # copies use explicit offsets, so sharing is fine
+        parent, _, name = entry.path.rpartition("/")
         try:
-            fd = os.open(entry.path, FILE_READ_FLAGS, dir_fd=self.root_fd)
+            parent_fd = self._dirs.get(parent)
+        except UserInputError:
+            raise UserInputError(f"{self.label} folder {parent!r} changed while it was being "
+                                 "staged; stage data that is not being written") from None
+        except OSError as exc:
+            raise _unreadable(f"{self.label} folder {parent!r}", exc) from None
+        try:
+            return os.open(name, FILE_READ_FLAGS, dir_fd=parent_fd)
         except OSError as exc:
             raise _unreadable(f"{self.label} file {entry.path!r}", exc) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise UserInputError(f"{self.label} file {entry.path!r} changed while it was "
-                                 "being staged; stage data that is not being written")
-        return fd
 
     def close(self) -> None:
+        self._dirs.close()
         os.close(self.root_fd)
 
     def __enter__(self) -> SourceTree:

@@ -13,7 +13,13 @@ Why a worker process, and why the open-descriptor hand-over (the design):
   reads. The worker opens the source files with the user's rights and passes the open
   descriptors to root over a socketpair (SCM_RIGHTS); root copies from those into the
   cache. Root thus reads exactly what the user was allowed to read, and the user
-  never holds a descriptor to a cache file that could be written.
+  never holds a descriptor to a cache file that could be written. (The other way
+  round, a user-side process writing the cache, would let one job poison what the next
+  job, maybe another user's, reads.)
+* Root writes into the user's scratch at one place only, when it links (or copies)
+  cached data there (``Cache.place``): through descriptors, folder by folder with
+  ``O_NOFOLLOW``, every name new (``O_EXCL``, ``link``), folders handed to the user once
+  full. Archives are parsed by the worker alone: root never parses user data.
 * The worker marks itself non-dumpable (``PR_SET_DUMPABLE`` 0), so the user's other
   processes cannot ptrace it or open its ``/proc/<pid>/fd``: what it sends root is what
   jobwrap's code computed, not what the user injected. It closes every descriptor it

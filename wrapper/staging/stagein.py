@@ -53,8 +53,9 @@ def stage_in(specs: Sequence[StageIn], *, scratch: Path, user: UserIds,
     if not specs:
         return StageReport()
     settings = settings or StageSettings()
-    report = _serialized(progress)
+    report = serialized(progress)
     deadline = time.monotonic() + timeout if timeout is not None else None
+    raise_fd_limit()  # placing from the cache holds one descriptor per folder
     scratch_fd = open_scratch(scratch, user)
     items: list[StageItem] = []
     try:
@@ -177,7 +178,7 @@ def _batches(worker: Worker, manifest: Manifest) -> Iterator[list[tuple[Entry, i
         worker.send({"t": "more"})
 
 
-def _serialized(progress: ProgressFn | None) -> ProgressFn | None:
+def serialized(progress: ProgressFn | None) -> ProgressFn | None:
     """The caller's callback, called by one thread at a time (copy threads report too)."""
     if progress is None:
         return None

@@ -25,7 +25,7 @@ from wrapper.staging.privileges import UserIds, Worker
 from wrapper.staging.report import Progress, StageItem, StageReport
 from wrapper.staging.settings import StageSettings
 from wrapper.staging.spec import StageOut
-from wrapper.staging.stagein import ProgressFn, _serialized, open_scratch, prefixed, resolve
+from wrapper.staging.stagein import ProgressFn, open_scratch, prefixed, resolve, serialized
 
 
 def stage_out(specs: Sequence[StageOut], *, scratch: Path, user: UserIds,
@@ -36,7 +36,7 @@ def stage_out(specs: Sequence[StageOut], *, scratch: Path, user: UserIds,
     if not specs:
         return StageReport()
     settings = settings or StageSettings()
-    report = _serialized(progress)
+    report = serialized(progress)
     try:
         scratch_fd = open_scratch(scratch, user)
     except StagingError as exc:

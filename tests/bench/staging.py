@@ -1,0 +1,145 @@
+"""stage-large, stage-small, stage-cached: jobwrap's stage-in against ``cp -r`` and
+``rsync -a`` into the same local disk, alternating runs, medians.
+
+* stage-large: 1 GiB in 8 files; goal: at least 0.9 times the speed of ``cp -r``.
+* stage-small: 20,000 files of 10 KiB (100 folders of 200, as sharded datasets come);
+  goal: at least 3 times the speed of ``rsync -a``.
+* stage-cached: re-staging the 1 GiB set from the node cache, against its first copy
+  (which fills the cache); goal: at least 20 times faster.
+
+Each run starts after a ``sync`` (the previous run's dirty pages must not slow the
+next) and writes to a new folder; outputs are removed only at the end. Removing 20,000
+files just before the next run would measure a quirk of the file system instead of the
+tools: ext4 without a journal skips recently deleted inodes one by one when it makes a
+new file, which makes every create slower for whoever comes next. Everything lives in
+one folder under /tmp (or under ``$JOBWRAP_BENCH_DIR``, to measure a node's real scratch
+disk), removed at the end. Run as root or as any user.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.bench.timing import alternate, time_command, verdict
+from wrapper.staging import (
+    Cache,
+    StageSettings,
+    UserIds,
+    parse_stage_in,
+    prepare_scratch,
+    remove_scratch,
+    stage_in,
+)
+
+MIB = 1 << 20
+SETTINGS = StageSettings(free_margin_bytes=0)
+_job_ids = itertools.count(1000)
+
+
+@contextmanager
+def _workspace(name: str) -> Iterator[Path]:
+    where = os.environ.get("JOBWRAP_BENCH_DIR") or "/tmp"
+    base = Path(tempfile.mkdtemp(prefix=f"jobwrap-bench-{name}-", dir=where))
+    try:
+        yield base
+    finally:
+        remove_scratch(base)
+
+
+def _large_dataset(root: Path) -> Path:
+    root.mkdir()
+    for i in range(8):
+        with open(root / f"shard-{i}.bin", "wb") as handle:
+            for _ in range(16):
+                handle.write(os.urandom(8 * MIB))
+    return root
+
+
+def _small_dataset(root: Path) -> Path:
+    for d in range(100):
+        folder = root / f"part-{d:03d}"
+        folder.mkdir(parents=True)
+        for f in range(200):
+            (folder / f"sample-{f:03d}.bin").write_bytes(os.urandom(10 * 1024))
+    return root
+
+
+def _stage(base: Path, source: Path, cache: Cache | None = None) -> float:
+    """Seconds one stage-in takes, into a fresh scratch (made untimed)."""
+    user = UserIds.current()
+    scratch = prepare_scratch(base / "scratch", str(next(_job_ids)), user)
+    os.sync()
+    started = time.perf_counter()
+    stage_in([parse_stage_in(f"{source}:data")], scratch=scratch, user=user, cache=cache,
+             settings=SETTINGS)
+    return time.perf_counter() - started
+
+
+def _tool(argv: Callable[[Path], list[str]], base: Path) -> Callable[[], float]:
+    """Seconds one run of a command takes, writing into a new folder each time."""
+    runs = itertools.count()
+
+    def run() -> float:
+        output = base / f"tool-{next(runs)}"
+        os.sync()
+        return time_command(argv(output))
+
+    return run
+
+
+def _need(program: str) -> None:
+    if shutil.which(program) is None:
+        sys.exit(f"this benchmark compares against {program}; install it "
+                 f"(apt-get install -y {program})")
+
+
+def large_main() -> int:
+    _need("cp")
+    with _workspace("large") as base:
+        source = _large_dataset(base / "ds")
+        ours, cp = alternate(lambda: _stage(base, source),
+                             _tool(lambda out: ["cp", "-r", str(source), str(out)], base),
+                             rounds=5, warmup=1)
+    print(f"stage-large: 1 GiB in 8 files: jobwrap {ours:.2f} s, cp -r {cp:.2f} s (medians)")
+    return verdict("stage-large", "ratio_vs_cp", cp / ours, ">=", 0.9)
+
+
+def small_main() -> int:
+    _need("rsync")
+    with _workspace("small") as base:
+        source = _small_dataset(base / "ds")
+        ours, rsync = alternate(lambda: _stage(base, source),
+                                _tool(lambda out: ["rsync", "-a", f"{source}/", f"{out}/"],
+                                      base), rounds=5, warmup=1)
+    print(f"stage-small: 20,000 files of 10 KiB: jobwrap {ours:.2f} s, rsync -a {rsync:.2f} s "
+          "(medians)")
+    return verdict("stage-small", "ratio_vs_rsync", rsync / ours, ">=", 3)
+
+
+def cached_main() -> int:
+    with _workspace("cached") as base:
+        source = _large_dataset(base / "ds")
+        warm = Cache(base / "cache-warm", max_bytes=4 << 30)
+        _stage(base, source, warm)  # fill it once
+        caches = itertools.count()
+
+        def first_copy() -> float:
+            fresh = Cache(base / f"cache-{next(caches)}", max_bytes=4 << 30)
+            seconds = _stage(base, source, fresh)
+            fresh.close()
+            return seconds
+
+        cached, first = alternate(lambda: _stage(base, source, warm), first_copy, rounds=5,
+                                  warmup=1)
+        warm.close()
+    print(f"stage-cached: 1 GiB in 8 files: from the cache {cached * 1000:.1f} ms, first copy "
+          f"{first:.2f} s (medians)")
+    return verdict("stage-cached", "speedup", first / cached, ">=", 20)
