@@ -255,6 +255,9 @@ class SupervisorConfig(Section):
                                positive=True)
     hang_timeout: float = _opt(0.0, "Default for --hang-timeout in seconds (0: no hang "
                                "detection unless the job asks for it).", non_negative=True)
+    slurm_unreachable: float = _opt(600.0, "Seconds without an answer from Slurm after "
+                                     "which the supervisor gives up on its job and exits.",
+                                     positive=True)
     walltime_signal: str = _opt("USR1", "Signal sent to the job's steps before its time "
                                 "limit when it did not ask for one (--signal).")
     walltime_lead: float = _opt(300.0, "Seconds before the time limit to send it.",

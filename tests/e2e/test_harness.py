@@ -34,5 +34,6 @@ def test_up_then_down_leaves_no_daemon(cluster: Cluster) -> None:
     assert sorted(stopped) == names
     assert not any(_alive(d) for d in daemons)
     assert _processes_using(other.conf) == []
+    assert other.runtime_processes() == []
     # the session's cluster was not touched
     assert all(_alive(d) for d in cluster.daemons)

@@ -185,3 +185,15 @@ def test_walltime_signal_is_retried_until_a_step_gets_it(tmp_path: Path) -> None
         sup.tick()
     assert tries == ["USR1", "USR1", "USR1"]
     assert events(state).count("walltime.signal") == 1
+
+
+def test_a_later_attempt_ends_this_supervisor(tmp_path: Path) -> None:
+    sup, state, clock, *_ = make(tmp_path)
+    sup.tick()
+    assert not sup.finished
+    state.append("prolog.context", attempt=1, node="n2")  # Slurm requeued and restarted it
+    clock.now += 11
+    sup.tick()
+    assert sup.finished
+    assert [e["job_state"] for e in state.events() if e["event"] == "supervisor.end"] == \
+        ["REQUEUED"]

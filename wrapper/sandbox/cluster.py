@@ -10,6 +10,7 @@ only the processes it started, by pid, checked against their start time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -149,7 +150,23 @@ class Cluster:
                 stopped.append(daemon.name)
         self.daemons = []
         self._save()
+        # Supervisors and releases run from this cluster's own runtime: they are ours too.
+        for proc in self.runtime_processes():
+            with contextlib.suppress(Exception):
+                proc.kill()
         return stopped
+
+    def runtime_processes(self) -> list[Any]:
+        """Processes running a program of this cluster's runtime (jobwrap's helpers)."""
+        import psutil
+
+        prefix = str(self.runtime) + os.sep
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            if cmdline and cmdline[0].startswith(prefix):
+                found.append(proc)
+        return found
 
     def running(self) -> bool:
         record = self.base / RECORD

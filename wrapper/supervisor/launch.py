@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,12 +85,20 @@ def supervise(job_id: str, cfg: Config) -> int:
             return False
         return True
 
+    unreachable_since: list[float] = []
+
     def job_state() -> str:
         try:
-            return backend.job_state(job_id)
+            state = backend.job_state(job_id)
         except JobwrapError as exc:
             log.get().warning("supervisor.slurm_unreachable", error=str(exc))
+            if not unreachable_since:
+                unreachable_since.append(time.monotonic())
+            if time.monotonic() - unreachable_since[0] > cfg.supervisor.slurm_unreachable:
+                return "UNREACHABLE"  # not RUNNING: the supervisor ends, the epilog decides
             return "RUNNING"  # keep watching; Slurm may be back on the next look
+        unreachable_since.clear()
+        return state
 
     supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,

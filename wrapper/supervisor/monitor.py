@@ -86,6 +86,8 @@ class Supervisor:
         if now >= self._next_slurm:
             self._next_slurm = now + self.cfg.slurm_interval
             current = self.job_state()
+            if current in RUNNING and self._superseded():
+                current = "REQUEUED"  # a later attempt runs: its own supervisor follows it
             if current not in RUNNING:
                 self.event("supervisor.end", job_state=current or "gone",
                            last_checkpoint=self.seen.checkpoint, step=self.seen.step)
@@ -98,6 +100,11 @@ class Supervisor:
             self.tick()
             if not self.finished:
                 sleep(self.cfg.interval)
+
+    def _superseded(self) -> bool:
+        """A later attempt of the job has started (Slurm requeued it between two looks)."""
+        return any(e.get("event") == "prolog.context" and int(e.get("attempt", 0)) > self.attempt
+                   for e in self.state.events())
 
     # -- what it looks at ----------------------------------------------------------------
     def _look_at_checkpoints(self, now: float) -> None:
