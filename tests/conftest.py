@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import structlog
 
+# The real non-root test user and a folder it can reach, for every module.
+pytest_plugins = ["tests.support"]
+
 
 @pytest.fixture(autouse=True)
 def _reset_structlog() -> Iterator[None]:

@@ -7,48 +7,19 @@ a real non-root user, ``jwtest``, as CI does.
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from tests import support
 from wrapper.config import Config, parse
 from wrapper.jobrecord import JobRecord
 from wrapper.privileges import UserIds
 from wrapper.state import JobState
 
-USER = "jwtest"
-
-
-@pytest.fixture(scope="module")
-def user() -> UserIds:
-    if os.geteuid() != 0:
-        pytest.fail("the archive tests run as root (as CI does): they read as a real user")
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", USER], check=True)
-    entry = pwd.getpwnam(USER)
-    return UserIds.of(entry.pw_uid, entry.pw_gid)
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A fresh folder the job user can traverse.
-
-    Not under pytest's tmp_path: every pytest run that starts (other test runs on this
-    machine included) sets /tmp/pytest-of-root back to 0700, which would lock the job
-    user out in the middle of a test.
-    """
-    path = Path(tempfile.mkdtemp(prefix="jobwrap-archive-test-", dir="/tmp"))
-    os.chmod(path, 0o755)  # noqa: S103
-    yield path
-    shutil.rmtree(path)
+# The shared fixtures, under the names the archive tests import from here.
+USER = support.USER
+user = support.user
+shared = support.shared
 
 
 def config(base: Path, **archive: Any) -> Config:

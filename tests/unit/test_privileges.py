@@ -1,37 +1,11 @@
 from __future__ import annotations
 
 import os
-import pwd
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from wrapper.privileges import AsUserError, UserIds, append_line, as_user, read_tail
-
-USER = "jwtest"
-
-
-@pytest.fixture(scope="module")
-def user() -> UserIds:
-    if os.geteuid() != 0:
-        pytest.fail("privilege tests run as root (as CI does)")
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", USER], check=True)
-    entry = pwd.getpwnam(USER)
-    return UserIds.of(entry.pw_uid, entry.pw_gid)
-
-
-@pytest.fixture
-def shared(tmp_path: Path) -> Path:
-    # the job user must reach the files; pytest's own temp root is private
-    os.chmod(tmp_path, 0o755)  # noqa: S103
-    for parent in tmp_path.parents:
-        if str(parent).startswith("/tmp/pytest-of"):
-            os.chmod(parent, 0o755)  # noqa: S103
-    return tmp_path
 
 
 def test_runs_with_the_users_ids(user: UserIds) -> None:
