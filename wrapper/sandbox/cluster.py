@@ -151,9 +151,13 @@ class Cluster:
         self.daemons = []
         self._save()
         # Supervisors and releases run from this cluster's own runtime: they are ours too.
-        for proc in self.runtime_processes():
-            with contextlib.suppress(Exception):
+        import psutil
+
+        helpers = self.runtime_processes()
+        for proc in helpers:
+            with contextlib.suppress(psutil.Error):
                 proc.kill()
+        psutil.wait_procs(helpers, timeout=10)
         return stopped
 
     def runtime_processes(self) -> list[Any]:
@@ -162,9 +166,10 @@ class Cluster:
 
         prefix = str(self.runtime) + os.sep
         found = []
-        for proc in psutil.process_iter(["cmdline"]):
+        for proc in psutil.process_iter(["cmdline", "status"]):
             cmdline = proc.info["cmdline"] or []
-            if cmdline and cmdline[0].startswith(prefix):
+            if cmdline and cmdline[0].startswith(prefix) and \
+                    proc.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         return found
 
