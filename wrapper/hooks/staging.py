@@ -63,15 +63,27 @@ def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *
     if not directives or record.options_error:
         return
     # The copy engine and the cache only for a job that stages something.
-    from wrapper.staging import Cache, StageSettings, parse_stage_in
+    from wrapper.staging import Cache, StageSettings, StagingError, parse_stage_in
     from wrapper.staging import stage_in as copy_in
 
+    def attempt(cache: Cache | None) -> StageReport:
+        return copy_in([parse_stage_in(d) for d in directives], scratch=scratch, user=user,
+                       cache=cache, settings=StageSettings.from_config(cfg.staging),
+                       progress=_progress("in"), work_dir=record.work_dir,
+                       timeout=max(1.0, deadline - time.monotonic()))
+
     try:
-        report = copy_in([parse_stage_in(d) for d in directives], scratch=scratch, user=user,
-                         cache=Cache.from_config(cfg.paths.cache_root, cfg.staging),
-                         settings=StageSettings.from_config(cfg.staging),
-                         progress=_progress("in"), work_dir=record.work_dir,
-                         timeout=max(1.0, deadline - time.monotonic()))
+        cache = Cache.from_config(cfg.paths.cache_root, cfg.staging)
+        try:
+            report = attempt(cache)
+        except StagingError as exc:
+            if cache is None:
+                raise
+            # The node's cache is the site's problem, not the job's: stage without it.
+            log.get().error("staging.cache_unusable", error=str(exc))
+            state.append("staging.cache_unusable", attempt=ctx.attempt, node=ctx.node,
+                         error=str(exc))
+            report = attempt(None)
     except JobwrapError as exc:
         log.get().warning("staging.in_failed", error=str(exc))
         state.append("staging.failed", attempt=ctx.attempt, node=ctx.node, direction="in",
