@@ -7,12 +7,11 @@ import os
 import subprocess
 import tarfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.unit.test_staging_support import digest, jwtest, make_dataset, public_dir, tmpfs
+from tests.unit.test_staging_support import digest, make_dataset, tmpfs
 from wrapper.errors import UserInputError
 from wrapper.staging import (
     StageSettings,
@@ -24,17 +23,6 @@ from wrapper.staging import (
 
 SETTINGS = StageSettings(free_margin_bytes=0)
 MS = 1_000_000  # a tar keeps mtimes as a decimal number of seconds
-
-
-@pytest.fixture
-def user() -> UserIds:
-    return jwtest()
-
-
-@pytest.fixture
-def area() -> Iterator[Path]:
-    with public_dir() as path:
-        yield path
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,7 @@ import pytest
 from tests.unit.test_staging_support import (
     as_user,
     digest,
-    jwtest,
     make_dataset,
-    public_dir,
     tmpfs,
     try_write,
 )
@@ -42,17 +39,6 @@ from wrapper.staging.manifest import SourceTree
 SETTINGS = StageSettings(free_margin_bytes=0)
 MIB = 1 << 20
 MS = 1_000_000  # what a tar keeps of an mtime, safely
-
-
-@pytest.fixture
-def user() -> UserIds:
-    return jwtest()
-
-
-@pytest.fixture
-def area() -> Iterator[Path]:
-    with public_dir() as path:
-        yield path
 
 
 @pytest.fixture

@@ -6,16 +6,13 @@ import errno
 import hashlib
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.unit.test_staging_support import (
     digest,
-    jwtest,
     make_dataset,
-    public_dir,
     tmpfs,
 )
 from wrapper.errors import UserInputError
@@ -32,17 +29,6 @@ from wrapper.staging import copy as engine
 from wrapper.staging.manifest import Entry, SourceTree
 
 NO_MARGIN = StageSettings(free_margin_bytes=0)
-
-
-@pytest.fixture
-def user() -> UserIds:
-    return jwtest()
-
-
-@pytest.fixture
-def area() -> Iterator[Path]:
-    with public_dir() as path:
-        yield path
 
 
 @pytest.fixture

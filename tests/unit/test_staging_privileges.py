@@ -12,16 +12,11 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_staging_support import as_user, jwtest
+from tests.unit.test_staging_support import as_user
 from wrapper.errors import UserInputError
 from wrapper.staging import StagingError, UserIds
 from wrapper.staging.channel import Channel
 from wrapper.staging.privileges import Worker
-
-
-@pytest.fixture
-def user() -> UserIds:
-    return jwtest()
 
 
 def test_the_worker_has_the_users_ids_groups_and_nothing_more(user: UserIds) -> None:

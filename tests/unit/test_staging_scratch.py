@@ -6,25 +6,13 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.unit.test_staging_support import jwtest, public_dir, tmpfs
+from tests.unit.test_staging_support import tmpfs
 from wrapper.staging import StagingError, UserIds, prepare_scratch, remove_scratch
 from wrapper.staging.scratch import remove_tree
-
-
-@pytest.fixture
-def user() -> UserIds:
-    return jwtest()
-
-
-@pytest.fixture
-def area() -> Iterator[Path]:
-    with public_dir() as path:
-        yield path
 
 
 @pytest.fixture

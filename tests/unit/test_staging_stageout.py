@@ -4,12 +4,11 @@ not be is reported, never silently lost."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.unit.test_staging_support import digest, jwtest, make_dataset, public_dir
+from tests.unit.test_staging_support import digest, make_dataset
 from wrapper.staging import (
     Progress,
     StageSettings,
@@ -19,17 +18,6 @@ from wrapper.staging import (
     remove_scratch,
     stage_out,
 )
-
-
-@pytest.fixture
-def user() -> UserIds:
-    return jwtest()
-
-
-@pytest.fixture
-def area() -> Iterator[Path]:
-    with public_dir() as path:
-        yield path
 
 
 @pytest.fixture

@@ -21,13 +21,14 @@ from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 
 if TYPE_CHECKING:
-    from wrapper.staging import Progress, StageReport, UserIds
+    from wrapper.privileges import UserIds
+    from wrapper.staging import Progress, StageReport
 
 PROGRESS_EVERY = 5.0  # seconds between two progress lines of one directive
 
 
 def _user(record: JobRecord) -> UserIds:
-    from wrapper.staging.privileges import UserIds
+    from wrapper.privileges import UserIds
 
     return UserIds.for_job(record.user, record.uid, record.gid)
 

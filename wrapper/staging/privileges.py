@@ -32,18 +32,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import grp
 import os
-import pwd
 import signal
 import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from wrapper.errors import UserInputError
+from wrapper.privileges import AsUserError
+from wrapper.privileges import UserIds as UserIds  # the one identity record, re-exported
+from wrapper.privileges import drop_to as _drop_to
 from wrapper.staging.channel import Channel
 from wrapper.staging.errors import StagingError
 
@@ -52,64 +52,12 @@ _PR_GET_DUMPABLE = 3
 _EXIT_USER, _EXIT_INTERNAL = 3, 4
 
 
-@dataclass(frozen=True)
-class UserIds:
-    """The identity whose rights staging uses: a job's user."""
-
-    name: str
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-
-    @classmethod
-    def for_job(cls, name: str, uid: int, gid: int) -> UserIds:
-        """From what Slurm says (SLURM_JOB_USER/UID/GID); groups from the name service."""
-        try:
-            groups = os.getgrouplist(name, gid) if name else [gid]
-        except (KeyError, OSError):
-            groups = [gid]
-        return cls(name=name or str(uid), uid=uid, gid=gid, groups=tuple(sorted(set(groups))))
-
-    @classmethod
-    def lookup(cls, name: str) -> UserIds:
-        entry = pwd.getpwnam(name)
-        return cls.for_job(name, entry.pw_uid, entry.pw_gid)
-
-    @classmethod
-    def current(cls) -> UserIds:
-        uid = os.geteuid()
-        try:
-            name = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            name = str(uid)
-        return cls(name=name, uid=uid, gid=os.getegid(),
-                   groups=tuple(sorted({os.getegid(), *os.getgroups()})))
-
-    def describe(self) -> str:
-        try:
-            group = grp.getgrgid(self.gid).gr_name
-        except KeyError:
-            group = str(self.gid)
-        return f"{self.name} (uid {self.uid}, gid {self.gid} {group})"
-
-
 def drop_to(user: UserIds) -> None:
-    """Become ``user`` for good: groups, then gid, then uid (the order that still works)."""
-    if os.geteuid() == 0 and user.uid != 0:
-        os.setgroups(list(user.groups))
-        os.setresgid(user.gid, user.gid, user.gid)
-        os.setresuid(user.uid, user.uid, user.uid)
-        if os.getresuid() != (user.uid,) * 3 or os.getresgid() != (user.gid,) * 3:
-            raise StagingError("could not drop to the job user's ids")
-        try:
-            os.setuid(0)
-        except PermissionError:
-            pass
-        else:
-            raise StagingError("the staging worker could get root back after dropping it")
-    elif os.geteuid() != user.uid:
-        raise StagingError(f"staging as {user.describe()} needs root; jobwrap runs as uid "
-                           f"{os.geteuid()}")
+    """Become ``user`` for good (wrapper.privileges.drop_to), and not dumpable."""
+    try:
+        _drop_to(user)
+    except AsUserError as exc:
+        raise StagingError(str(exc)) from None
     not_dumpable()
 
 

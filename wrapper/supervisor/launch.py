@@ -46,7 +46,7 @@ def start(job_id: str, cfg: Config) -> str:
 def supervise(job_id: str, cfg: Config) -> int:
     """The ``jobwrap supervise JOBID`` verb: drop rights, then follow the attempt."""
     from wrapper import jobrecord, slurm
-    from wrapper.privileges import UserIds
+    from wrapper.privileges import UserIds, drop_to
     from wrapper.supervisor.monitor import Supervisor
 
     os.chdir("/")  # hold no directory of the hook that started us
@@ -56,10 +56,7 @@ def supervise(job_id: str, cfg: Config) -> int:
         if record.uid <= 0:
             raise JobwrapError(f"job {job_id}: no job user recorded; refusing to supervise "
                                "as root")
-        user = UserIds.of(record.uid, record.gid)
-        os.setgroups(os.getgrouplist(user.name, user.gid))
-        os.setgid(user.gid)
-        os.setuid(user.uid)
+        drop_to(UserIds.of(record.uid, record.gid))
     log_path = state.path / SUPERVISOR_LOG
     log.configure(file=str(log_path), level=cfg.log.level, stderr_format="json")
     attempt = _current_attempt(state)

@@ -1,0 +1,17 @@
+"""Fixtures of the unit tier beyond those in tests/support.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_staging_support import public_dir
+
+
+@pytest.fixture
+def area() -> Iterator[Path]:
+    """A folder under /tmp every user can reach, removed without following links."""
+    with public_dir() as path:
+        yield path
