@@ -9,7 +9,7 @@ import pytest
 import structlog
 
 # The real non-root test user and a folder it can reach, for every module.
-pytest_plugins = ["tests.support"]
+pytest_plugins = ["tests.support", "tests.sandbox"]
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.e2e.conftest import make_spec
+from tests.sandbox import make_spec
 from wrapper.sandbox.cluster import Cluster, _alive
 
 
