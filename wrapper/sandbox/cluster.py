@@ -378,8 +378,11 @@ epilog_budget = 100
                   for n in self.spec.nodes]
         for name, argv in specs:
             out = open(log_dir / f"{name}.stdout", "ab")  # noqa: SIM115 - handed to the daemon
+            # From /: slurmd hands its cwd to every hook, and a checkout in a private
+            # folder (root's 0700 home) is no place the job user can be.
             proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    cwd="/")
             out.close()
             self.daemons.append(_daemon(name, proc.pid))
             self._save()
