@@ -57,9 +57,9 @@ def write_config(procs: Procs, **settings: Any) -> tuple[Path, Path, Path]:
     return path, state, log
 
 
-def run_guard(procs: Procs, config: Path, *args: str) -> tuple[int, str, int]:
+def run_guard(procs: Procs, program: str, config: Path, *args: str) -> tuple[int, str, int]:
     """``jobwrap login-guard ARGS`` as the test user: (exit code, stdout, its pid)."""
-    guard = procs.start([JOBWRAP, "--config", str(config), "login-guard", *args],
+    guard = procs.start([program, "--config", str(config), "login-guard", *args],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = guard.communicate(timeout=120)
     assert guard.returncode == 0, err.decode()
@@ -77,7 +77,8 @@ def test_the_verb_is_registered() -> None:
     assert "--once" in res.stdout and "--dry-run" in res.stdout and "status" in res.stdout
 
 
-def test_the_guard_never_kills_itself_nor_shells_nor_sshd(procs: Procs) -> None:
+def test_the_guard_never_kills_itself_nor_shells_nor_sshd(procs: Procs,
+                                                          user_jobwrap: str) -> None:
     # Every one of these matches an AI signature, so every one would be terminated if
     # the guard did not protect itself, shells and sessions; only torchrun may die.
     shell = procs.start(["bash", "-c", "sleep 300; true"])
@@ -86,7 +87,7 @@ def test_the_guard_never_kills_itself_nor_shells_nor_sshd(procs: Procs) -> None:
     config, state, log = write_config(
         procs, ai_commands=("jobwrap", "bash", "sshd", "torchrun"),
         ai_actions=("terminate",), kill_grace=1.0)
-    _, out, guard_pid = run_guard(procs, config, "--once")
+    _, out, guard_pid = run_guard(procs, user_jobwrap, config, "--once")
     assert torchrun.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
     assert shell.poll() is None and sshd.poll() is None
     # The guard did see itself as an AI workload: it was protected, not overlooked.
@@ -106,13 +107,13 @@ def test_the_guard_never_kills_itself_nor_shells_nor_sshd(procs: Procs) -> None:
     assert shown["state_file"] == str(state / "login-guard" / "state.json")
 
 
-def test_dry_run_acts_on_nothing(procs: Procs) -> None:
+def test_dry_run_acts_on_nothing(procs: Procs, user_jobwrap: str) -> None:
     burner = procs.python(BURN)
     torchrun = procs.python(SLEEP, argv0="torchrun")
     config, state, log = write_config(
         procs, cpu_share=0.01, cpu_actions=("terminate",), ai_actions=("terminate",),
         kill_grace=0.0)
-    _, out, _ = run_guard(procs, config, "--once", "--dry-run")
+    _, out, _ = run_guard(procs, user_jobwrap, config, "--once", "--dry-run")
     assert "dry run: none taken" in out
     acted = [e for e in events(log) if e["event"] == "login_guard.action"]
     assert {(e["action"], e["rule"]) for e in acted} == {("terminate", "cpu"),
@@ -167,14 +168,15 @@ def test_a_bad_guard_setting_is_exit_2_naming_the_key(tmp_path: Path) -> None:
     assert "[login_guard] cpu_actions" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_the_service_runs_until_sigterm_and_holds_the_node_lock(procs: Procs) -> None:
+def test_the_service_runs_until_sigterm_and_holds_the_node_lock(procs: Procs,
+                                                                user_jobwrap: str) -> None:
     torchrun = procs.python(SLEEP, argv0="torchrun")
     config, state, log = write_config(procs, interval=0.2, ai_actions=("warn",))
-    service = procs.start([JOBWRAP, "--config", str(config), "login-guard"])
+    service = procs.start([user_jobwrap, "--config", str(config), "login-guard"])
     assert wait_until(lambda: any(e["event"] == "login_guard.action" for e in events(log)),
                       timeout=30)
     # A second guard on the node refuses to run beside it.
-    second = subprocess.run([JOBWRAP, "--config", str(config), "login-guard", "--once"],
+    second = subprocess.run([user_jobwrap, "--config", str(config), "login-guard", "--once"],
                             capture_output=True, text=True, check=False, user=TEST_USER)
     assert second.returncode == 2 and "another login guard" in second.stderr
     service.send_signal(signal.SIGTERM)
