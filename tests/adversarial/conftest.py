@@ -83,5 +83,5 @@ def as_user(cluster: Cluster, user: str, argv: list[str], *, timeout: float = 30
     """``argv`` run by ``user`` (runuser), with the sandbox's Slurm in its environment."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "SLURM_CONF": str(cluster.conf),
            "HOME": pwd.getpwnam(user).pw_dir, "LANG": "C.UTF-8"}
-    return subprocess.run(["runuser", "-u", user, "--", *argv], env=env, cwd=cwd,
+    return subprocess.run(["/usr/sbin/runuser", "-u", user, "--", *argv], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, check=False)
