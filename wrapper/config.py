@@ -318,20 +318,24 @@ class ArchiveConfig(Section):
                                     "its nodes, besides its stdout and stderr: Slurm filename "
                                     "patterns (%j %x %u %N %n ...) relative to the job's work "
                                     "dir, e.g. [\"%x-%j-%N.log\"]; read as the job's user.")
-    git_timeout: float = _opt(10.0, "Seconds each git command may take when the manifest "
-                              "records the commit of the job's work dir.", positive=True)
+    git_timeout: float = _opt(10.0, "Seconds the manifest may spend reading the git facts "
+                              "(commit, branch, changes) of the job's work dir from its .git "
+                              "(no git is run).", positive=True)
     max_age_days: float = _opt(90.0, "jobwrap archive prune removes job archives last written "
                                "more than this many days ago (0: never by age).",
                                non_negative=True)
     max_total_gb: float = _opt(0.0, "jobwrap archive prune removes the oldest job archives "
                                "until all fit in this many GiB (0: no size limit).",
                                non_negative=True)
-    access: str = _opt("group", "Who reads an archive besides root: group (the job user's "
-                       "primary group; folders 0750 root:GROUP, files 0640) or acl "
-                       "(admin_group, and the job user through a POSIX ACL: for sites whose "
-                       "users share a primary group).", choices=("group", "acl"))
-    admin_group: str = _opt("root", "With access = \"acl\": the group of the admins who read "
-                            "every archive.")
+    access: str = _opt("user", "Who reads an archive besides root: user (the job's user "
+                       "alone, through a POSIX ACL; root and admin_group own it: folders "
+                       "0750, files 0640; the archive's file system needs ACLs), group (the "
+                       "job user's whole primary group: folders 0750 root:GROUP, files 0640; "
+                       "only where no two users share a primary group, see jobwrap doctor) "
+                       "or acl (the former name of user).",
+                       choices=("user", "group", "acl"))
+    admin_group: str = _opt("root", "With access = \"user\": the group of the admins who "
+                            "read every archive.")
 
 
 class LoginGuardConfig(Section):

@@ -155,6 +155,7 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
     for name in ("state_dir", "scratch_root", "cache_root", "archive_root"):
         findings.append(check_folder(f"folder.{name}", Path(getattr(cfg.paths, name)),
                                      owner_uid))
+    findings.append(_check_archive_access(cfg))
     findings.append(_check_gpu(cfg, node))
     slurm_version = ""
     if conf is not None and conf.missing:
@@ -434,6 +435,13 @@ def check_folder(name: str, path: Path, owner_uid: int = 0) -> Finding:
         return Finding(name, "warn", f"{path} is writable by group {info.st_gid} "
                        f"(mode {mode:04o})", f"chmod g-w {path}")
     return Finding(name, "pass", f"{path} (mode {mode:04o}, uid {info.st_uid})")
+
+
+def _check_archive_access(cfg: Config) -> Finding:
+    from wrapper.archive import access
+
+    status, detail, fix = access.check(cfg)
+    return Finding("archive.access", status, detail, fix)
 
 
 def _check_gpu(cfg: Config, node: str) -> Finding:

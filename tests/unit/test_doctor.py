@@ -422,3 +422,34 @@ def test_render_table_lists_each_fix_under_its_check() -> None:
         "WARN  x             hmm",
         "                    fix: maybe",
     ]
+
+
+def test_archive_access_user_is_the_default_and_is_tried_on_the_archive(node: Node) -> None:
+    found = node.diagnose()["archive.access"]
+    assert found.status == "pass" and "POSIX ACL" in found.detail, found
+    assert not [p for p in node.folder("archive").iterdir()], "the probe file was left"
+
+
+def test_archive_access_group_always_warns(node: Node) -> None:
+    node.edit(node.config, lambda text: text + '\n[archive]\naccess = "group"\n')
+    found = node.diagnose()["archive.access"]
+    assert found.status == "warn" and "primary group" in found.detail, found
+    assert 'access = "user"' in found.fix
+
+
+def test_shared_primary_groups_are_named() -> None:
+    import grp
+    import pwd
+
+    from wrapper.archive.access import shared_groups
+
+    def user(name: str, uid: int, gid: int) -> pwd.struct_passwd:
+        return pwd.struct_passwd((name, "x", uid, gid, "", "/", "/bin/sh"))
+
+    users = [user("ann", 1000, 100), user("bob", 1001, 100), user("cy", 1002, 1002),
+             user("dee", 1003, 1003), user("daemon", 1, 100), user("nobody", 65534, 100)]
+    groups = [grp.struct_group(("users", "x", 100, [])),
+              grp.struct_group(("cy", "x", 1002, [])),
+              grp.struct_group(("dee", "x", 1003, ["cy"]))]
+    assert shared_groups(users, groups) == {"users": ["ann", "bob"], "dee": ["cy", "dee"]}
+    assert shared_groups(users[2:3], groups) == {}

@@ -154,7 +154,7 @@ def _archive(cfg: Config, state: JobState, record: JobRecord, *, attempt: int, n
 
 def access_for(settings: ArchiveConfig, uid: int, gid: int) -> tuple[Access, int, int]:
     """How archives are owned: (access of job folders, mode of the root, group of the root)."""
-    if settings.access == "acl":
+    if settings.access in ("user", "acl"):  # "acl": the former name of "user"
         if uid < 0:
             raise ArchiveError("the job's user is not known: no one could be granted its archive")
         try:

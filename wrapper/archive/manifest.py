@@ -30,8 +30,8 @@ Schema (version 1; ``docs/manifest.md`` says the same at more length)::
                      {archived_at, complete, recovered_by, problems}})
     software         {node: what the epilog passed: driver, CUDA, NCCL, baseline, Python and
                      packages, ...}, from the latest attempt that reported it
-    code             the latest attempt's git facts: {work_dir, repository, commit, dirty,
-                     changes, error}
+    code             the latest attempt's git facts: {work_dir, repository, commit, branch,
+                     dirty, changes, error}, read from .git (no git is run)
     jobwrap          {version, config_digest, config_source}
     exit             the latest attempt's end: {attempt, status, outcome, exit_code,
                      exit_signal, slurm_state, decision, final (no attempt will follow)}
@@ -49,17 +49,16 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import signal
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from wrapper import __version__
+from wrapper.archive import gitfacts
 from wrapper.archive.status import ENDED, RUNNING, AttemptSummary, summarize
 from wrapper.errors import JobwrapError
 from wrapper.jobrecord import JobRecord, parse_slurm_time
 from wrapper.privileges import UserIds, as_user
-from wrapper.runner import Runner
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -197,24 +196,21 @@ def _time(text: str | None) -> float | None:
     return parse_slurm_time(text) if text else None
 
 
-# -- the code that ran: git, read as the job's user ------------------------------------------
+# -- the code that ran: git facts, read from .git as the job's user ---------------------------
 def read_code(user: UserIds, work_dir: str, timeout: float) -> dict[str, Any]:
-    """The work dir's git commit and whether it has changes, read with the user's rights.
+    """The work dir's git commit, branch and whether it has changes, read from ``.git``
+    with the user's rights, running nothing of the user's (``wrapper.archive.gitfacts``).
 
-    ``{work_dir, repository, commit, dirty, changes, error}``; nothing here raises: a
-    failure is reported in ``error``.
+    ``{work_dir, repository, commit, branch, dirty, changes, error}``; nothing here
+    raises: a failure is reported in ``error``.
     """
     facts: dict[str, Any] = {"work_dir": work_dir, "repository": False, "commit": None,
-                             "dirty": None, "changes": None, "error": ""}
+                             "branch": None, "dirty": None, "changes": None, "error": ""}
     if not work_dir:
         facts["error"] = "the job's work dir is not known"
         return facts
     try:
-        home = pwd.getpwuid(user.uid).pw_dir
-    except KeyError:
-        home = "/"
-    try:
-        found: dict[str, Any] = as_user(user, _git_facts, work_dir, max(timeout, 0.1), home,
+        found: dict[str, Any] = as_user(user, _git_facts, work_dir, max(timeout, 0.1),
                                         os.getpid())
     except JobwrapError as exc:
         facts["error"] = f"reading git as {user.name} failed: {exc}"
@@ -223,35 +219,15 @@ def read_code(user: UserIds, work_dir: str, timeout: float) -> dict[str, Any]:
     return facts
 
 
-def _git_facts(work_dir: str, timeout: float, home: str, caller_pid: int) -> dict[str, Any]:
-    """(Runs as the job user.) ``git rev-parse HEAD`` and ``git status --porcelain``."""
-    if os.getpid() != caller_pid:  # as_user's child: never outlive twice the timeout
+def _git_facts(work_dir: str, timeout: float, caller_pid: int) -> dict[str, Any]:
+    """(Runs as the job user.) The facts, or ``{"error"}``; a hung file system ends the
+    helper at ``timeout`` (an alarm nobody catches)."""
+    if os.getpid() != caller_pid:  # as_user's child
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.setitimer(signal.ITIMER_REAL, 2 * timeout + 1)
-    # The user's HOME (root's is unreadable to them); no prompts; and no index refresh
-    # written by `git status` into the user's repository.
-    runner = Runner(env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
-                         "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"})
-    facts: dict[str, Any] = {}
+        signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        head = runner.run(["git", "-C", work_dir, "rev-parse", "HEAD"], timeout=timeout,
-                          check=False)
-    except JobwrapError as exc:
-        return {"error": str(exc)}
-    if head.returncode != 0:
-        if "not a git repository" in head.stderr:
-            return {"repository": False}
-        if "unknown revision" not in head.stderr and "ambiguous argument" not in head.stderr:
-            lines = head.stderr.strip().splitlines()
-            return {"error": lines[-1] if lines else f"git exited {head.returncode}"}
-        facts = {"repository": True, "commit": None}  # a repository with no commit yet
-    else:
-        facts = {"repository": True, "commit": head.stdout.strip()}
-    try:
-        status = runner.run(["git", "-C", work_dir, "status", "--porcelain"], timeout=timeout)
-    except JobwrapError as exc:
-        facts["error"] = str(exc)
-        return facts
-    changed = [line for line in status.stdout.splitlines() if line.strip()]
-    facts.update(dirty=bool(changed), changes=len(changed))
-    return facts
+        return gitfacts.read_facts(work_dir)
+    except gitfacts.GitReadError as exc:
+        return {"repository": True, "error": str(exc)}
+    except OSError as exc:
+        return {"error": f"{exc.strerror}: {exc.filename}" if exc.filename else str(exc)}

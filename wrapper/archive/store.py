@@ -19,12 +19,14 @@ not list yet) or the previous, consistent archive; the next epilog on that node 
 its dead temporaries and finishes the job (``wrapper.archive.attempt`` archives any
 earlier attempt of its node that has no part).
 
-Who may read it (``[archive] access``): ``group``, root owns everything and the job
-user's group reads it (folders 0750 root:<user's group>, files 0640); ``acl``, root and
-``[archive] admin_group`` own it and the job user reads it through a POSIX ACL, for sites
-where users share a primary group. The root folder is 0711 (0751 with ``acl``): users
-reach their own folder by name and cannot list anyone else's. Nothing below the root is
-ever reached through a symlink (``wrapper.archive._fs``).
+Who may read it (``[archive] access``): ``user`` (the default), root and ``[archive]
+admin_group`` own it and the job's user alone reads it through a POSIX ACL entry
+(folders 0750, files 0640, so no one sharing the user's primary group reads it);
+``group``, root owns everything and the job user's whole primary group reads it
+(folders 0750 root:<user's group>, files 0640): only for sites where no two users share
+a primary group (``jobwrap doctor`` warns otherwise). The root folder is 0751 (0711 with
+``group``): users reach their own folder by name and cannot list anyone else's. Nothing
+below the root is ever reached through a symlink (``wrapper.archive._fs``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@ Layout under ``<cache_root>`` (root's, mode 0700; nothing in it is reachable by 
 * Least recently used entries (the marker's mtime is touched on every use) are evicted
   so the cache stays under its cap; an entry in use (its lock held) is never evicted. A
   dataset larger than the cap, or than the free space, is staged without the cache.
+  Sizes are counted in the blocks the cache's file system allocates (a folder or a
+  small file takes a whole block), and a fill that still finds the disk full or the
+  quota used (ENOSPC, EDQUOT) is dropped and raises CacheFull: the site's problem, so
+  the caller stages the data without the cache and never blames the job.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from wrapper.staging.copy import (
     write_error,
     write_file,
 )
-from wrapper.staging.errors import StagingError
+from wrapper.staging.errors import NoSpaceError, StagingError
 from wrapper.staging.fdtree import DIR_FLAGS, DirTree, open_dir
 from wrapper.staging.manifest import DIR, FILE, Entry, Manifest, sha256_fd
 from wrapper.staging.privileges import UserIds
@@ -78,6 +82,11 @@ RESERVED = "reserved"
 DATA = "data"
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 _FILE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class CacheFull(StagingError):
+    """The node cache ran out of disk space or quota while filling an entry (dropped)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,11 @@ class CachedEntry:
     last_used: float
     complete: bool
     source: str = ""
+    disk_bytes: int = 0  # the blocks it takes (what the cap counts)
+
+    @property
+    def held(self) -> int:
+        return max(self.disk_bytes, self.bytes)
 
 
 @dataclass
@@ -155,14 +169,19 @@ class Cache:
                     used = os.stat(f"{key}/{MARKER}", dir_fd=entries_fd,
                                    follow_symlinks=False).st_mtime
                     out.append(CachedEntry(key, int(marker.get("bytes", 0)), used, True,
-                                           str(marker.get("source", ""))))
+                                           str(marker.get("source", "")),
+                                           int(marker.get("disk_bytes", 0))))
                 continue
             out.append(CachedEntry(key, self._reserved(key), 0.0, False))
         return out
 
     def usage(self) -> int:
-        """Bytes held by complete entries."""
-        return sum(e.bytes for e in self.entries() if e.complete)
+        """Bytes (allocated blocks) held by complete entries."""
+        return sum(e.held for e in self.entries() if e.complete)
+
+    def disk_bytes(self, manifest: Manifest) -> int:
+        """What ``manifest`` takes in the cache: whole blocks of its file system."""
+        return manifest.disk_bytes(os.fstatvfs(self._dir("entries")).f_bsize)
 
     def needs_copy(self, scratch_fd: int) -> bool:
         """Whether placing into this scratch copies (so it needs room there)."""
@@ -192,12 +211,21 @@ class Cache:
         finally:
             os.close(fd)
 
-    def reserve(self, claim: Claim, need: int) -> bool:
-        """Make room for a fill of ``need`` bytes, evicting the least recently used
-        entries; False when the dataset cannot be cached (larger than the cap or the
-        free space), and the caller stages it without the cache."""
+    def reserve(self, claim: Claim, need: int, files: int = 0) -> bool:
+        """Make room for a fill of ``need`` bytes (``disk_bytes``) in ``files`` inodes,
+        evicting the least recently used entries; False when the dataset cannot be cached
+        (larger than the cap, the free space or the free inodes, or the disk is full),
+        and the caller stages it without the cache."""
         if need > self.max_bytes:
             return False
+        try:
+            return self._reserve(claim, need, files)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                return False
+            raise
+
+    def _reserve(self, claim: Claim, need: int, files: int) -> bool:
         with self._global_lock():
             self._empty_trash()
             others = [e for e in self.entries() if e.key != claim.key]
@@ -205,19 +233,20 @@ class Cache:
             complete = []
             for entry in others:
                 if entry.complete:
-                    usage += entry.bytes
+                    usage += entry.held
                     complete.append(entry)
                 elif not self._remove_if_idle(entry.key):
-                    usage += entry.bytes  # another job's fill in progress: its promise counts
+                    usage += entry.held  # another job's fill in progress: its promise counts
             complete.sort(key=lambda e: e.last_used)
             for entry in complete:
                 if usage + need <= self.max_bytes and self._free() >= need + \
                         self.free_margin_bytes:
                     break
                 if self._remove_if_idle(entry.key):
-                    usage -= entry.bytes
+                    usage -= entry.held
             self._empty_trash()
-            if usage + need > self.max_bytes or self._free() < need + self.free_margin_bytes:
+            if usage + need > self.max_bytes or self._free() < need + self.free_margin_bytes \
+                    or not self._inodes_for(files):
                 return False
             entries_fd = self._dir("entries")
             with contextlib.suppress(FileExistsError):
@@ -235,6 +264,24 @@ class Cache:
         """Copy the dataset into the claimed entry from open source descriptors, then
         write the marker. Takes ownership of every descriptor in ``batches``. Returns
         the sha256 of each file when they were computed (path in the dataset -> hex)."""
+        try:
+            return self._fill(claim, manifest, batches, verify=verify, parallel=parallel,
+                              meter=meter)
+        except (NoSpaceError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno not in _NO_SPACE:
+                raise
+            self.drop(claim)
+            raise CacheFull(f"the node cache {self.root} is full ({exc})") from None
+
+    def drop(self, claim: Claim) -> None:
+        """Remove the claimed entry's partial fill now, giving its space back."""
+        with self._global_lock():
+            self._discard_incomplete(claim.key)
+            self._empty_trash()
+
+    def _fill(self, claim: Claim, manifest: Manifest,
+              batches: Iterable[list[tuple[Entry, int]]], *, verify: str, parallel: int,
+              meter: Meter | None = None) -> dict[str, str]:
         if self.key_mode == "sha256":
             verify = "sha256"  # the key promises content: check the bytes against it
         entry_fd = os.open(claim.key, DIR_FLAGS, dir_fd=self._dir("entries"))
@@ -272,7 +319,8 @@ class Cache:
                                        "keyed by; it changed while being staged")
             marker = {"v": 1, "key": claim.key, "source": manifest.source,
                       "kind": manifest.kind, "files": len(manifest.files),
-                      "bytes": manifest.total_bytes, "created": time.time(),
+                      "bytes": manifest.total_bytes,
+                      "disk_bytes": self.disk_bytes(manifest), "created": time.time(),
                       "checksums": checksums}
             _write_atomic(entry_fd, MARKER, json.dumps(marker).encode(), mode=0o444)
             with contextlib.suppress(FileNotFoundError):
@@ -511,6 +559,10 @@ class Cache:
     def _free(self) -> int:
         info = os.fstatvfs(self._dir("entries"))
         return info.f_bavail * info.f_frsize
+
+    def _inodes_for(self, files: int) -> bool:
+        info = os.fstatvfs(self._dir("entries"))
+        return not info.f_files or info.f_favail > files + 16  # the entry's own files too
 
     def _discard_incomplete(self, key: str) -> None:
         """Move a half-filled entry (a crash, a failed fill) to the trash; we hold its lock."""

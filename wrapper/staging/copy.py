@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from wrapper.errors import UserInputError
-from wrapper.staging.errors import StagingError
+from wrapper.staging.errors import NoSpaceError, StagingError
 from wrapper.staging.fdtree import DirTree
 from wrapper.staging.manifest import DIR, LINK, Entry, Manifest, sha256_fd
 from wrapper.staging.report import Progress, format_bytes
@@ -431,7 +431,7 @@ def write_error(label: str, exc: OSError) -> Exception:
         return UserInputError(f"{label!r} already exists (do two directives stage to the "
                               "same place?)")
     if exc.errno in _NO_SPACE:
-        return UserInputError(f"no space left while writing {label!r} ({exc.strerror}); "
+        return NoSpaceError(f"no space left while writing {label!r} ({exc.strerror}); "
                               "stage less data, or ask for a node with more local disk")
     if exc.errno in (errno.EACCES, errno.EPERM):
         return UserInputError(f"cannot write {label!r}: permission denied for the job's user")

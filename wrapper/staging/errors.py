@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wrapper.errors import JobwrapError
+from wrapper.errors import JobwrapError, UserInputError
 
 
 class StagingError(JobwrapError):
@@ -12,3 +12,9 @@ class StagingError(JobwrapError):
     ran out of time, a disk error. A user's mistake (a missing source, an escaping DEST,
     data that does not fit) is a :class:`wrapper.errors.UserInputError` instead.
     """
+
+
+class NoSpaceError(UserInputError):
+    """A write found its disk full (ENOSPC) or its quota used (EDQUOT). In the job's
+    scratch that is the job's data not fitting; in the node cache it is the cache's
+    problem, and the data is staged without it (``wrapper.staging.cache``)."""

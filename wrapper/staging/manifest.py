@@ -138,7 +138,9 @@ class SourceTree:
             if (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
                 raise UserInputError(f"{label} {path!r} changed while it was being staged; "
                                      "stage data that is not being written")
-            real = os.path.realpath(path) if dir_fd is None else path
+            # The path of what was opened, from the descriptor: resolving ``path`` again
+            # by name would race a symlink swapped meanwhile (the cache key names it).
+            real = opened_path(fd, label, path) if dir_fd is None else path
             if stat.S_ISDIR(info.st_mode):
                 self.manifest = self._scan_tree(real, info, checksums, prove_read)
             elif stat.S_ISREG(info.st_mode):
@@ -246,6 +248,19 @@ class SourceTree:
             return st, sha256_fd(fd) if checksums else ""
         finally:
             os.close(fd)
+
+
+def opened_path(fd: int, label: str = "SRC", path: str = "") -> str:
+    """The absolute path the kernel knows an open descriptor by (/proc/self/fd)."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError as exc:
+        raise StagingError(f"cannot tell the path of {label} {path!r}: {exc.strerror} "
+                           "(is /proc mounted?)") from None
+    if not real.startswith("/") or real.endswith(" (deleted)"):
+        raise UserInputError(f"{label} {path!r} was moved or deleted while it was being "
+                             "staged; stage data that is not being changed")
+    return real
 
 
 def _entry(path: str, st: os.stat_result, *, kind: str = FILE, target: str = "",

@@ -3,11 +3,19 @@ node cache and places cached data into the job's scratch.
 
 The conversation, per directive, when a cache is used::
 
-    worker -> hook   cache {index, manifest}     (every file opened once: readable)
+    worker -> hook   cache {index, manifest} + the source's descriptor
+                                                  (every file opened once: readable)
     hook -> worker   send | direct                (miss | cannot cache: copy yourself)
-    worker -> hook   fds {paths} + descriptors    (batches; the hook copies, answers more)
+    worker -> hook   fds {paths} + descriptors    (batches; the hook copies, answers more,
+                                                  or direct when the cache is full)
     worker -> hook   fds-end
     hook -> worker   placed | unpack + descriptor (hook linked it | unpack the archive)
+                     | direct                     (the cache is full: copy yourself)
+
+The hook keys the cache by the path of the source's own descriptor (``/proc/self/fd``),
+never by a name resolved again: a symlink swapped meanwhile cannot label one tree's
+content with another dataset's path. A cache that runs out of space or quota is the
+node's problem: that dataset is staged without it (logged loudly), the job goes on.
 
 Without a cache the worker copies (or unpacks) straight into scratch and reports the
 item. Any error ends the whole stage-in: the job must not start without its data.
@@ -16,6 +24,7 @@ item. Any error ends the whole stage-in: the job must not start without its data
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,12 +33,12 @@ from pathlib import Path
 
 from wrapper.errors import JobwrapError, UserInputError
 from wrapper.staging.archive import unpack
-from wrapper.staging.cache import Cache
+from wrapper.staging.cache import Cache, CacheFull
 from wrapper.staging.channel import Channel
 from wrapper.staging.copy import Meter, check_space, copy_tree, space_needed
 from wrapper.staging.errors import StagingError
 from wrapper.staging.fdtree import DirTree, open_dir, raise_fd_limit
-from wrapper.staging.manifest import FILE, Entry, Manifest, SourceTree
+from wrapper.staging.manifest import DIR, FILE, Entry, Manifest, SourceTree, opened_path
 from wrapper.staging.privileges import UserIds, Worker
 from wrapper.staging.report import Progress, StageItem, StageReport
 from wrapper.staging.scratch import remove_tree
@@ -65,16 +74,20 @@ def stage_in(specs: Sequence[StageIn], *, scratch: Path, user: UserIds,
         with Worker(user, body, keep_fds=[scratch_fd], timeout=timeout) as worker:
             while True:
                 message, fds = worker.recv()
-                _close(fds)  # only the descriptor batches of a cache fill carry any
                 kind = message["t"]
+                if kind != "cache" or cache is None:
+                    _close(fds)  # only a cache question carries one (the source's)
                 if kind == "progress":
                     if report is not None:
                         report(Progress.from_wire(message.get("p")))
                 elif kind == "item":
                     items.append(StageItem.from_wire(message.get("item")))
                 elif kind == "cache" and cache is not None:
-                    item = _serve(worker, message, specs, cache, scratch_fd, user, settings,
-                                  report, deadline)
+                    try:
+                        item = _serve(worker, message, fds, specs, cache, scratch_fd, user,
+                                      settings, report, deadline)
+                    finally:
+                        _close(fds)
                     if item is not None:
                         items.append(item)
                 elif kind == "end":
@@ -113,14 +126,38 @@ def prefixed(directive: str, exc: JobwrapError) -> str:
 # -- the hook's side (root) -----------------------------------------------------------------
 
 
-def _serve(worker: Worker, message: dict[str, object], specs: list[StageIn], cache: Cache,
-           scratch_fd: int, user: UserIds, settings: StageSettings,
+def source_of(manifest: Manifest, fds: list[int]) -> Manifest:
+    """The manifest, its source named by root from the worker's open descriptor of it.
+
+    The cache key names the source, so root takes that name from the descriptor the
+    scan read (the kernel's path of it), never from a path resolved by name or from the
+    worker's word; a descriptor that is not what the manifest describes is refused.
+    """
+    if len(fds) != 1:
+        raise StagingError("the staging worker sent no descriptor of its source")
+    info = os.fstat(fds[0])
+    kind = DIR if stat.S_ISDIR(info.st_mode) else FILE if stat.S_ISREG(info.st_mode) else ""
+    if kind != manifest.kind:
+        raise UserInputError("SRC changed while it was being staged; stage data that is not "
+                             "being written")
+    real = opened_path(fds[0])
+    if real != manifest.source:
+        raise UserInputError(f"SRC was moved while it was being staged (now {real!r}); "
+                             "stage data that is not being changed")
+    return manifest
+
+
+def _serve(worker: Worker, message: dict[str, object], fds: list[int], specs: list[StageIn],
+           cache: Cache, scratch_fd: int, user: UserIds, settings: StageSettings,
            report: ProgressFn | None, deadline: float | None) -> StageItem | None:
     index = message.get("index")
     if not isinstance(index, int) or not 0 <= index < len(specs):
         raise StagingError("the staging worker asked about an unknown directive")
     spec = specs[index]
-    manifest = Manifest.from_wire(message.get("manifest"))
+    try:
+        manifest = source_of(Manifest.from_wire(message.get("manifest")), fds)
+    except UserInputError as exc:
+        raise UserInputError(prefixed(spec.directive, exc)) from None
     scanned = message.get("scan_seconds")
     started = time.monotonic() - (scanned if isinstance(scanned, float | int) else 0.0)
     interval = settings.progress_interval
@@ -130,14 +167,25 @@ def _serve(worker: Worker, message: dict[str, object], specs: list[StageIn], cac
                         files=len(manifest.entries), margin=settings.free_margin_bytes)
         with cache.claim(cache.key_for(manifest), deadline=deadline) as claim:
             if not claim.hit:
-                if not cache.reserve(claim, manifest.total_bytes):
+                if not cache.reserve(claim, cache.disk_bytes(manifest),
+                                     len(manifest.entries)):
                     worker.send({"t": "direct"})
                     return None
                 worker.send({"t": "send"})
                 meter = Meter(spec.directive, len(manifest.files), manifest.total_bytes,
                               report, interval=interval)
-                cache.fill(claim, manifest, _batches(worker, manifest),
-                           verify=settings.verify, parallel=settings.parallel, meter=meter)
+                batches = _Batches(worker, manifest)
+                try:
+                    cache.fill(claim, manifest, batches, verify=settings.verify,
+                               parallel=settings.parallel, meter=meter)
+                except CacheFull as exc:
+                    # The node's disk, not the job's data: stage it without the cache.
+                    from wrapper import log
+
+                    log.get().error("staging.cache_full", directive=spec.directive,
+                                    error=str(exc), action="staged without the cache")
+                    batches.abandon()
+                    return None
             if spec.unpack:
                 fd = cache.open_data(claim)
                 try:
@@ -162,20 +210,37 @@ def _serve(worker: Worker, message: dict[str, object], specs: list[StageIn], cac
                      cache_wait=round(claim.waited, 6), checksums=result.checksums)
 
 
-def _batches(worker: Worker, manifest: Manifest) -> Iterator[list[tuple[Entry, int]]]:
-    by_path = {e.path: e for e in manifest.files}
-    while True:
-        message, fds = worker.recv()
-        paths = message.get("paths")
-        if message["t"] == "fds-end" and not fds:
-            return
-        if message["t"] != "fds" or not isinstance(paths, list) or len(paths) != len(fds) \
-                or not all(isinstance(p, str) and p in by_path for p in paths):
+class _Batches:
+    """The worker's descriptor batches of a cache fill, as the fill consumes them."""
+
+    def __init__(self, worker: Worker, manifest: Manifest) -> None:
+        self.worker = worker
+        self.by_path = {e.path: e for e in manifest.files}
+        self.started = False
+
+    def __iter__(self) -> Iterator[list[tuple[Entry, int]]]:
+        self.started = True
+        while True:
+            message, fds = self.worker.recv()
+            paths = message.get("paths")
+            if message["t"] == "fds-end" and not fds:
+                return
+            if message["t"] != "fds" or not isinstance(paths, list) \
+                    or len(paths) != len(fds) \
+                    or not all(isinstance(p, str) and p in self.by_path for p in paths):
+                _close(fds)
+                raise StagingError("the staging worker sent descriptors that do not match "
+                                   "its manifest")
+            yield [(self.by_path[p], fd) for p, fd in zip(paths, fds, strict=True)]
+            self.worker.send({"t": "more"})
+
+    def abandon(self) -> None:
+        """Tell the worker to copy the data itself. It waits for an answer to what it sent
+        last (a batch, or the end); a fill that failed before reading any is read first."""
+        if not self.started:
+            _, fds = self.worker.recv()
             _close(fds)
-            raise StagingError("the staging worker sent descriptors that do not match its "
-                               "manifest")
-        yield [(by_path[p], fd) for p, fd in zip(paths, fds, strict=True)]
-        worker.send({"t": "more"})
+        self.worker.send({"t": "direct"})
 
 
 def serialized(progress: ProgressFn | None) -> ProgressFn | None:
@@ -237,12 +302,14 @@ def _stage_one(channel: Channel, index: int, spec: StageIn, scratch_fd: int,
         wait = 0.0
         if key_mode is not None:
             channel.send({"t": "cache", "index": index, "manifest": manifest.to_wire(),
-                          "scan_seconds": time.monotonic() - started})
+                          "scan_seconds": time.monotonic() - started}, [src.root_fd])
             reply, fds = channel.recv()
             if reply["t"] == "send":
                 _close(fds)
-                _send_fds(channel, src)
-                reply, fds = channel.recv()
+                if _send_fds(channel, src):
+                    reply, fds = channel.recv()
+                else:
+                    reply, fds = {"t": "direct"}, []
             if reply["t"] == "placed":
                 _close(fds)
                 return None
@@ -278,7 +345,9 @@ def resolve(source: str, work_dir: str | None) -> str:
     return os.path.join(work_dir, source)
 
 
-def _send_fds(channel: Channel, src: SourceTree) -> None:
+def _send_fds(channel: Channel, src: SourceTree) -> bool:
+    """Send every file's descriptor to the hook filling the cache; False when the hook
+    answered ``direct`` halfway (the cache is full: the worker copies it itself)."""
     files = src.manifest.files
     for start in range(0, len(files), _BATCH):
         batch = files[start:start + _BATCH]
@@ -291,9 +360,12 @@ def _send_fds(channel: Channel, src: SourceTree) -> None:
             _close(fds)  # the hook holds its own copies now
         reply, extra = channel.recv()
         _close(extra)
+        if reply["t"] == "direct":
+            return False
         if reply["t"] != "more":
             raise StagingError(f"unexpected reply {reply['t']!r} from the hook")
     channel.send({"t": "fds-end"})
+    return True
 
 
 def _copy(spec: StageIn, src: SourceTree, scratch_fd: int, settings: StageSettings,

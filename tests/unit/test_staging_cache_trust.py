@@ -1,0 +1,154 @@
+"""The node cache against a racing user and a full disk (issue 12, items 9 and 13)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_staging_support import digest, tmpfs
+from wrapper.errors import UserInputError
+from wrapper.staging import Cache, StageSettings, UserIds, parse_stage_in, prepare_scratch
+from wrapper.staging import stage_in as copy_in
+from wrapper.staging.cache import CacheFull, Claim
+from wrapper.staging.manifest import Manifest, SourceTree
+from wrapper.staging.stagein import source_of
+
+SETTINGS = StageSettings(free_margin_bytes=0)
+MIB = 1 << 20
+
+FLIPPER = """
+import os, sys
+link, a, b, stop = sys.argv[1:]
+n = 0
+while not os.path.exists(stop):
+    tmp = f"{link}.{n % 2}"
+    os.symlink(a if n % 2 else b, tmp)
+    os.rename(tmp, link)
+    n += 1
+"""
+
+
+def two_trees(base: Path) -> tuple[Path, Path]:
+    a, b = base / "tree-a", base / "tree-b"
+    for tree in (a, b):
+        tree.mkdir(parents=True)
+        (tree / f"only-in-{tree.name}").write_text(tree.name)
+    return a, b
+
+
+# -- item 9: the key names the tree that was read ------------------------------------------
+def test_a_symlink_swapped_during_the_scan_never_mislabels_the_source(tmp_path: Path) -> None:
+    a, b = two_trees(tmp_path)
+    link, stop = tmp_path / "link", tmp_path / "stop"
+    os.symlink(a, link)
+    flipper = subprocess.Popen([sys.executable, "-c", FLIPPER, str(link), str(a), str(b),
+                                str(stop)])
+    wrong, seen = [], set()
+    try:
+        for _ in range(3000):
+            try:
+                with SourceTree(str(link)) as src:
+                    manifest = src.manifest
+            except UserInputError:
+                continue  # "changed while it was being staged": refused, fine
+            names = {e.path for e in manifest.entries}
+            seen.add(manifest.source)
+            if f"only-in-{Path(manifest.source).name}" not in names:
+                wrong.append((manifest.source, sorted(names)))
+    finally:
+        stop.touch()
+        flipper.wait(timeout=10)
+    assert seen == {str(a), str(b)}, seen  # the swap really raced the scans
+    assert not wrong, f"{len(wrong)} scans labelled one tree with the other's path: {wrong[:3]}"
+
+
+def test_root_names_the_source_from_the_descriptor_not_the_workers_word(
+        tmp_path: Path) -> None:
+    a, b = two_trees(tmp_path)
+    with SourceTree(str(a)) as src:
+        told = src.manifest
+        assert source_of(told, [src.root_fd]) is told
+    fd = os.open(b, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(UserInputError, match="moved while it was being staged"):
+            source_of(told, [fd])  # a worker that says tree-a but read tree-b
+        lying = Manifest(source=str(b), kind="file", entries=told.entries)
+        with pytest.raises(UserInputError, match="changed while it was being staged"):
+            source_of(lying, [fd])
+    finally:
+        os.close(fd)
+
+
+# -- item 13: a full cache is the node's problem, never the job's -----------------------------
+def small_files(root: Path, count: int, size: int) -> Path:
+    root.mkdir(parents=True)
+    for i in range(count):
+        (root / f"f{i:04d}").write_bytes(os.urandom(size))
+    for path in [root, *root.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return root
+
+
+def stage(area: Path, user: UserIds, source: Path, cache: Cache, job: str) -> Path:
+    scratch = prepare_scratch(area / "scratch", job, user)
+    report = copy_in([parse_stage_in(f"{source}:data")], scratch=scratch, user=user,
+                     cache=cache, settings=SETTINGS, timeout=120)
+    [item] = report.items
+    assert item.files == len(list(source.iterdir()))
+    assert digest(scratch / "data") == digest(source)
+    return scratch
+
+
+def test_space_is_reserved_in_blocks_so_small_files_do_not_overfill(
+        area: Path, user: UserIds) -> None:
+    # 400 one-byte files are 400 bytes, but 400 blocks on disk: more than this cache has.
+    source = small_files(area / "shared" / "tiny", 400, 1)
+    with tmpfs(area / "cache", "1m") as root:
+        os.chmod(root, 0o700)
+        cache = Cache(root, max_bytes=64 * MIB)
+        stage(area, user, source, cache, "701")
+        assert [e for e in cache.entries() if e.complete] == []
+        assert os.listdir(root / "trash") == []
+
+
+@pytest.mark.parametrize("size", [4096, 8192])
+def test_a_cache_that_fills_up_mid_copy_is_bypassed_and_emptied(area: Path, user: UserIds,
+                                                                size: int) -> None:
+    # 300 files in three batches of descriptors; the disk fills in the first (8 KiB
+    # files) or the second (4 KiB) batch. The negative margin makes the reservation
+    # believe in 2 MiB that are not there, as when another writer fills the disk between
+    # the reservation and the copy.
+    source = small_files(area / "shared" / f"set{size}", 300, size)
+    with tmpfs(area / "cache", "1m") as root:
+        os.chmod(root, 0o700)
+        cache = Cache(root, max_bytes=64 * MIB, free_margin_bytes=-2 * MIB)
+        scratch = stage(area, user, source, cache, f"70{size // 4096 + 1}")
+        assert os.stat(scratch / "data" / "f0000").st_uid == user.uid  # the user's copy
+        assert cache.entries() == [] and os.listdir(root / "trash") == []
+        assert os.statvfs(root).f_bfree * os.statvfs(root).f_frsize > 900 * 1024
+
+
+def test_a_fill_that_finds_the_disk_full_drops_its_entry(area: Path) -> None:
+    source = small_files(area / "shared" / "mid", 20, 64 * 1024)
+    with tmpfs(area / "cache", "2m") as root:
+        os.chmod(root, 0o700)
+        cache = Cache(root, max_bytes=64 * MIB)
+        with SourceTree(str(source)) as src:
+            manifest = src.manifest
+            key = cache.key_for(manifest)
+            with cache.claim(key) as claim:
+                assert isinstance(claim, Claim) and not claim.hit
+                assert cache.reserve(claim, cache.disk_bytes(manifest), len(manifest.entries))
+                filler = root / "filler"  # another writer takes the space meanwhile
+                with open(filler, "wb", buffering=0) as handle, pytest.raises(OSError):
+                    while True:
+                        handle.write(b"\0" * 65536)
+                batches = [[(e, src.open(e)) for e in manifest.files]]
+                with pytest.raises(CacheFull, match="is full"):
+                    cache.fill(claim, manifest, batches, verify="size", parallel=2)
+                filler.unlink()
+        assert cache.entries() == [] and os.listdir(root / "trash") == []
