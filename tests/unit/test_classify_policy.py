@@ -93,7 +93,8 @@ def test_progress_keeps_retrying() -> None:
 
 def test_hardware_faults_do_not_count_against_progress_and_exclude_the_node() -> None:
     d = decision(Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",),
-                          gpu_check_failed=True), attempt=1, step=10, history=[PastAttempt(0, "hardware", "gpu_fault", 10)])
+                          gpu_check_failed=True), attempt=1, step=10,
+                 history=[PastAttempt(0, "hardware", "gpu_fault", 10)])
     assert d.requeue and d.exclude_nodes == ["n1"]
 
 
