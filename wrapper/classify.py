@@ -1,9 +1,14 @@
 """Why did an attempt end? One class per outcome, from everything the epilog can see.
 
 Evidence, strongest first: Slurm's own verdict (NODE_FAIL, TIMEOUT, PREEMPTED,
-OUT_OF_MEMORY, CANCELLED), what jobwrap itself saw (the supervisor's hang and GPU-fault
-events, the post-job GPU check), signatures in the tail of the job's output, then the
-exit status. A pure function, so that the table below is what is tested.
+OUT_OF_MEMORY, CANCELLED), what jobwrap itself saw (root's GPU check, the supervisor's
+hang through its root-owned channel), signatures in the tail of the job's output, then
+the exit status. A pure function, so that the table below is what is tested.
+
+Hardware, the one class that excludes a node and does not count against the job, is
+root's word alone: a GPU fault the supervisor reports, or a GPU error the job prints,
+is hardware only when root's own probe confirms it (``gpu_check_failed``); otherwise
+the attempt is judged on the rest, and the detail says the report was not confirmed.
 """
 
 from __future__ import annotations
@@ -53,8 +58,10 @@ class Evidence:
     exit_code: int | None = None
     exit_signal: int | None = None
     slurm_state: str = ""  # FAILED, TIMEOUT, NODE_FAIL, ... (without COMPLETING)
-    supervisor_events: tuple[str, ...] = ()  # "hang", "gpu.fault", "walltime.signal", ...
-    gpu_check_failed: bool = False  # the post-job GPU check on this node failed
+    # The supervisor's reports through its root-owned channel: "hang", "gpu.fault"
+    supervisor_events: tuple[str, ...] = ()
+    gpu_check_failed: bool = False  # root's own GPU check (post-job, or confirming) failed
+    unconfirmed: tuple[str, ...] = ()  # claims from the user's side root did not confirm
     staging_error: str = ""  # why the prolog could not stage the job's data
     output_tail: str = ""
 
@@ -81,10 +88,13 @@ def classify(ev: Evidence) -> Classification:
     if ev.staging_error:
         return Classification(STAGING, f"the job could not be prepared: {ev.staging_error}",
                               "staging")
-    if "gpu.fault" in ev.supervisor_events or ev.gpu_check_failed:
-        why = "the supervisor saw a GPU fault" if "gpu.fault" in ev.supervisor_events \
-            else "the post-job GPU check failed"
+    if ev.gpu_check_failed:
+        why = "the supervisor saw a GPU fault, confirmed by root's GPU check" \
+            if "gpu.fault" in ev.supervisor_events else "the post-job GPU check failed"
         return Classification(HARDWARE, why, "gpu_fault")
+    unconfirmed = list(ev.unconfirmed)
+    if "gpu.fault" in ev.supervisor_events:
+        unconfirmed.append("the supervisor's GPU fault")
     if "hang" in ev.supervisor_events:
         return Classification(HANG, "no progress and no output for the hang timeout; "
                               "jobwrap ended the job", "hang")
@@ -97,18 +107,30 @@ def classify(ev: Evidence) -> Classification:
         return Classification(SUCCESS, "exit 0", "")
     if state == "CANCELLED":
         return Classification(CANCELLED, "cancelled (scancel)", "cancelled")
+    last = ""
     for kind, pattern in SIGNATURES:
         match = _last_match(pattern, ev.output_tail)
         if match:
             line = _line_of(ev.output_tail, match)
+            if kind == HARDWARE:  # the job's own words: not hardware unless root confirms
+                unconfirmed.append("the GPU error in the output")
+                last = line
+                continue
             return Classification(kind, f"output says: {line}", f"{kind}:{_normalise(line)}")
-    last = _last_error_line(ev.output_tail)
+    last = last or _last_error_line(ev.output_tail)
     code = ev.exit_code if ev.exit_code is not None else -1
     if 128 < code < 160 and not ev.exit_signal:
         signal_note = f" (a command killed by {_signal_name(code - 128)})"
     detail = f"exit {code}{signal_note}" + (f"; last error: {last}" if last else "")
+    if unconfirmed:
+        detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
     return Classification(USER_ERROR, detail,
                           f"exit:{code}:{ev.exit_signal or 0}:{_normalise(last)}")
+
+
+def reports_gpu_fault(text: str) -> bool:
+    """The job's output names a GPU hardware error (a claim for root to confirm)."""
+    return SIGNATURES[0][1].search(text) is not None
 
 
 def _signal_name(number: int) -> str:

@@ -301,6 +301,11 @@ class StagingConfig(Section):
                                         "free; data that would leave less fails before "
                                         "anything is copied.", non_negative=True)
     zstd_command: str = _opt("zstd", "Path or name of zstd, which unpacks .tar.zst archives.")
+    kept_results_days: float = _opt(7.0, "Days a job's scratch is kept when its stage-out "
+                                    "did not bring everything back (a full or unwritable "
+                                    "DEST): in <scratch_root>/.quarantine/<jobid>/, readable "
+                                    "by root and the job's user; a later epilog removes it.",
+                                    non_negative=True)
 
 
 class ArchiveConfig(Section):

@@ -80,3 +80,13 @@ def test_summaries_round_trip_through_a_manifest() -> None:
                              outcome="success", decision="done")
     assert AttemptSummary.from_dict({**summary.as_dict(), "files": {}}) == summary
     assert render("5", []) == "job 5: no attempt recorded\n"
+
+
+def test_the_users_events_cannot_forge_a_failed_prolog() -> None:
+    attempts = summarize([
+        {"ts": 1, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
+        {"ts": 2, "event": "prolog.unhealthy", "attempt": 0, "node": "n1", "reason": "x",
+         "source": "user"},
+        {"ts": 3, "event": "directives.invalid", "attempt": 0, "error": "x", "source": "user"},
+    ])
+    assert attempts[0].incidents == []

@@ -13,7 +13,10 @@ from wrapper.policy import PastAttempt, decide
         (Evidence(exit_code=0, exit_signal=0), "success"),
         (Evidence(exit_code=0, exit_signal=9, slurm_state="NODE_FAIL"), "node_failure"),
         (Evidence(exit_code=0, exit_signal=15, slurm_state="PREEMPTED"), "preempted"),
-        (Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",)), "hardware"),
+        (Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",),
+                  gpu_check_failed=True), "hardware"),
+        # a reported GPU fault root's own check did not confirm is not hardware
+        (Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",)), "user_error"),
         (Evidence(exit_code=1, gpu_check_failed=True), "hardware"),
         (Evidence(exit_code=0, exit_signal=9, supervisor_events=("checkpoint", "hang")), "hang"),
         (Evidence(exit_code=0, exit_signal=15, slurm_state="TIMEOUT"), "walltime"),
@@ -24,7 +27,9 @@ from wrapper.policy import PastAttempt, decide
         (Evidence(exit_code=1, output_tail="[rank3]:[E ProcessGroupNCCL.cpp:563] Watchdog "
                   "caught collective operation timeout: WorkNCCL(SeqNum=1)\n"), "nccl_timeout"),
         (Evidence(exit_code=1, output_tail="NVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has "
-                  "fallen off the bus.\n"), "hardware"),
+                  "fallen off the bus.\n", gpu_check_failed=True), "hardware"),
+        (Evidence(exit_code=1, output_tail="NVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has "
+                  "fallen off the bus.\n"), "user_error"),
         (Evidence(exit_code=137, output_tail="step 4\n"), "user_error"),
         (Evidence(exit_code=1, output_tail="Traceback...\nValueError: bad shape (3, 4)\n"),
          "user_error"),
@@ -87,8 +92,9 @@ def test_progress_keeps_retrying() -> None:
 
 
 def test_hardware_faults_do_not_count_against_progress_and_exclude_the_node() -> None:
-    d = decision(Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",)),
-                 attempt=1, step=10, history=[PastAttempt(0, "hardware", "gpu_fault", 10)])
+    d = decision(Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",),
+                          gpu_check_failed=True), attempt=1, step=10,
+                 history=[PastAttempt(0, "hardware", "gpu_fault", 10)])
     assert d.requeue and d.exclude_nodes == ["n1"]
 
 
@@ -98,3 +104,23 @@ def test_no_requeue_and_cancel_and_cuda_oom_stop() -> None:
         == "stop"
     oom = decision(Evidence(exit_code=1, output_tail="CUDA out of memory\n"))
     assert oom.action == "stop" and "a retry would fail the same way" in oom.reason
+
+
+def test_forged_gpu_claims_neither_exclude_the_node_nor_spare_the_job() -> None:
+    # The job prints a GPU error and its own event file says gpu.fault: root's check passed.
+    forged = Evidence(exit_code=1, output_tail="CUDA error: uncorrectable ECC error "
+                      "encountered\n", unconfirmed=("gpu.fault in the job's own event file",))
+    verdict = classify(forged)
+    assert verdict.kind == "user_error"
+    assert "not confirmed by root: gpu.fault in the job's own event file, the GPU error in " \
+        "the output" in verdict.detail
+    d = decision(forged, attempt=1, step=10,
+                 history=[PastAttempt(0, "user_error", "exit:1:0:x", 10)])
+    assert d.exclude_nodes == [] and d.action == "stop"  # it counts against its progress
+
+
+def test_hang_counts_only_from_the_supervisors_channel() -> None:
+    claimed = Evidence(exit_code=1, unconfirmed=("hang in the job's own event file",))
+    assert classify(claimed).kind == "user_error"
+    assert classify(Evidence(exit_code=0, exit_signal=9, supervisor_events=("hang",))).kind \
+        == "hang"

@@ -30,6 +30,7 @@ ENDED = "ended"
 
 _INCIDENTS = {"hang", "gpu.fault", "walltime.signal", "directives.invalid",
               "prolog.unhealthy"}
+_ROOT_ONLY = {"directives.invalid", "prolog.unhealthy"}  # what only root's hooks record
 
 
 @dataclass
@@ -136,7 +137,7 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
         summary.checkpoints += 1
         summary.checkpoint_list.append({"path": path, "step": step, "ts": ts})
         summary.latest_checkpoint, summary.latest_step = path, step
-    elif name in _INCIDENTS:
+    elif name in _INCIDENTS and (by_root or name not in _ROOT_ONLY):
         summary.incidents.append(_incident(name, event))
     if summary.started_at is None and ts is not None:
         summary.started_at = ts  # no prolog record (it failed, or its node's state is elsewhere)

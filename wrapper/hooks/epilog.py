@@ -2,9 +2,14 @@
 classify the attempt's outcome and requeue it when a retry can help.
 
 Everything read from the user's files (the output's tail, the checkpoints) is read with
-the user's rights. A requeue is made at once (so the decision survives anything that
-follows) and a detached ``jobwrap release`` makes the job eligible as soon as Slurm has
-finished completing it, instead of after Slurm's fixed 121 s requeue delay.
+the user's rights, and decides nothing by itself: control flow follows root's own
+events and the supervisor's root-owned channel (``wrapper.facts``); a GPU fault anyone
+reports is hardware only once root's probe confirms it. A stage-out that did not bring
+everything back keeps the scratch in quarantine instead of removing it.
+
+A requeue is made at once (so the decision survives anything that follows) and a
+detached ``jobwrap release`` makes the job eligible as soon as Slurm has finished
+completing it, instead of after Slurm's fixed 121 s requeue delay.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     state.append("epilog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                  context=ctx.as_dict())
     gpu_check_failed = False
+    gpu_checked = False
     backend = slurm.backend(cfg.slurm)
     if cfg.checks.epilog:
         from wrapper.hooks.health import check_node, unchecked
@@ -47,12 +53,15 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         try:
             report = check_node(ctx, cfg, env or {}, phase="epilog", backend=backend,
                                 state=state)
-            gpu_check_failed = report.verdict == "fail"
+            gpu_check_failed, gpu_checked = report.verdict == "fail", True
         except JobwrapError as exc:
             unchecked(cfg, state, ctx, exc)
     # After a failed prolog Slurm has already counted the restart, so the attempt numbers
     # differ: what tells is that this node's last prolog event is the failure.
-    prolog_events = [e.get("event") for e in state.events() if e.get("node") == ctx.node
+    from wrapper.facts import root_events
+
+    # Root's events only: the user's event file could say anything.
+    prolog_events = [e.get("event") for e in root_events(state) if e.get("node") == ctx.node
                      and str(e.get("event", "")).startswith("prolog.")]
     if prolog_events and prolog_events[-1] == "prolog.unhealthy":
         # The job never started: Slurm requeues it after the failed prolog by itself.
@@ -65,20 +74,27 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     info: dict[str, str] = {}
     if ctx.first_node:
         _decision, info = decide_attempt(ctx, cfg, state, record, backend,
-                                         gpu_check_failed=gpu_check_failed)
+                                         gpu_check_failed=gpu_check_failed,
+                                         gpu_checked=gpu_checked)
     from wrapper.hooks import staging
 
     deadline = started + cfg.hooks.epilog_budget
+    not_back: list[str] = []
     try:  # outputs first: a failed job's partial results are not lost
-        staging.stage_out(ctx, cfg, state, record, deadline=deadline)
+        not_back = staging.stage_out(ctx, cfg, state, record, deadline=deadline)
     except JobwrapError as exc:
         log.get().error("epilog.stage_out_broken", error=str(exc))
+        not_back = [str(exc)]
     if cfg.archive.enabled:
         _archive(ctx, cfg, state, record, backend, info)
-    try:  # only once the archive is complete
-        staging.remove_scratch(ctx, cfg, state)
+    try:  # only once the archive is complete; what did not come back is kept
+        if not_back:
+            staging.keep_results(ctx, cfg, state, record, not_back)
+        else:
+            staging.remove_scratch(ctx, cfg, state)
     except JobwrapError as exc:
         log.get().error("epilog.scratch_not_removed", error=str(exc))
+    staging.prune_kept(cfg)
     logger.info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
     return EXIT_OK
 
@@ -104,13 +120,23 @@ def _archive(ctx: JobContext, cfg: Config, state: JobState, record: jobrecord.Jo
 
 
 def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrecord.JobRecord,
-                   backend: slurm.SlurmBackend, *, gpu_check_failed: bool
-                   ) -> tuple[Decision, dict[str, str]]:
-    """Classify the attempt, decide, requeue; returns the decision and Slurm's job record."""
+                   backend: slurm.SlurmBackend, *, gpu_check_failed: bool,
+                   gpu_checked: bool = True) -> tuple[Decision, dict[str, str]]:
+    """Classify the attempt, decide, requeue; returns the decision and Slurm's job record.
+
+    ``gpu_check_failed``: root's post-job check on this node failed; ``gpu_checked``:
+    it ran (else a reported GPU fault is confirmed by a probe of root's own here).
+    """
+    from wrapper.classify import reports_gpu_fault
+    from wrapper.facts import root_events, supervisor_facts, user_claims
+
     user = UserIds.of(record.uid, record.gid)
-    events = [e for e in state.events() if e.get("attempt") == ctx.attempt]
-    supervisor_events = tuple(str(e["event"]) for e in events
-                              if e.get("hook") == "supervisor")
+    mine = root_events(state)
+    events = [e for e in mine if e.get("attempt") == ctx.attempt]
+    supervisor_events = supervisor_facts(state, ctx.attempt)
+    claims = {str(e.get("event")) for e in user_claims(state, ctx.attempt)}
+    unconfirmed = tuple(f"{name} in the job's own event file" for name in
+                        sorted(claims & {"hang", "gpu.fault"} - set(supervisor_events)))
     info: dict[str, str] = {}
     try:
         info = backend.job_info(ctx.job_id)
@@ -123,21 +149,25 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
                 tail += as_user(user, read_tail, path)
             except JobwrapError as exc:
                 log.get().warning("epilog.output_unreadable", path=path, error=str(exc))
-    staging_failed = next((str(e.get("error")) for e in events if e.get("source") == "root"
-                           and ((e.get("event") == "staging.failed"
+    if not gpu_check_failed and not gpu_checked and (
+            "gpu.fault" in supervisor_events or "gpu.fault" in claims
+            or reports_gpu_fault(tail)):
+        gpu_check_failed = _confirm_gpu_fault(ctx, cfg, state)
+    staging_failed = next((str(e.get("error")) for e in events
+                           if ((e.get("event") == "staging.failed"
                                  and e.get("direction") == "in")
                                 or e.get("event") == "directives.invalid")), "")
     evidence = Evidence(exit_code=ctx.exit_code, exit_signal=ctx.exit_signal,
                         staging_error=staging_failed,
                         slurm_state=_final_state(info), supervisor_events=supervisor_events,
-                        gpu_check_failed=gpu_check_failed, output_tail=tail)
+                        gpu_check_failed=gpu_check_failed, unconfirmed=unconfirmed,
+                        output_tail=tail)
     verdict = classify(evidence)
     checkpoint = _latest_checkpoint(record, user)
     history = [PastAttempt(int(e.get("attempt", 0)), str(e.get("kind")), str(e.get("signature")),
                            e.get("checkpoint_step"), e.get("checkpoint_path"))
-               for e in state.events()
-               if e.get("event") == "attempt.end" and e.get("source") == "root"
-               and e.get("attempt") != ctx.attempt]
+               for e in mine
+               if e.get("event") == "attempt.end" and e.get("attempt") != ctx.attempt]
     options = record.job_options
     max_restarts = options.max_restarts if options.max_restarts is not None \
         else cfg.restart.max_restarts
@@ -168,6 +198,20 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
         except JobwrapError as exc:
             log.get().warning("epilog.output_unwritable", error=str(exc))
     return decision, info
+
+
+def _confirm_gpu_fault(ctx: JobContext, cfg: Config, state: JobState) -> bool:
+    """A GPU fault was reported and the post-job check did not run: root probes itself."""
+    from wrapper.facts import confirm_gpu_fault
+
+    try:
+        faults = confirm_gpu_fault(cfg, ctx.node, ctx.gpus)
+    except JobwrapError as exc:  # the probe, not the GPU: nothing is confirmed
+        log.get().error("epilog.gpu_unconfirmed", error=str(exc))
+        return False
+    state.append("gpu.confirmed" if faults else "gpu.not_confirmed", attempt=ctx.attempt,
+                 node=ctx.node, faults=faults)
+    return bool(faults)
 
 
 def _final_state(info: dict[str, str]) -> str:

@@ -94,26 +94,87 @@ def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *
 
 
 def stage_out(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
-              deadline: float) -> None:
-    """Copy the job's --stage-out directives back, whatever the job's outcome."""
+              deadline: float) -> list[str]:
+    """Copy the job's --stage-out directives back, whatever the job's outcome.
+
+    Returns what did not come back (empty: everything did, or there was nothing to
+    stage); the caller then keeps the scratch (``keep_results``) instead of removing it.
+    A directive whose SRC the job never made is no problem: there is nothing to keep.
+    """
     from wrapper.staging import StageSettings, parse_stage_out
     from wrapper.staging import stage_out as copy_out
 
     directives = record.job_options.stage_out
     scratch = scratch_path(cfg, ctx.job_id)
     if not directives or record.options_error or not scratch.is_dir():
-        return
+        return []
     try:
         report = copy_out([parse_stage_out(d) for d in directives], scratch=scratch,
                           user=_user(record), settings=StageSettings.from_config(cfg.staging),
                           progress=_progress("out"), work_dir=record.work_dir,
                           timeout=max(1.0, deadline - time.monotonic()))
     except JobwrapError as exc:
-        log.get().warning("staging.out_failed", error=str(exc))
+        log.get().error("staging.out_failed", error=str(exc))
         state.append("staging.failed", attempt=ctx.attempt, node=ctx.node, direction="out",
                      error=str(exc))
-        return
+        return [str(exc)]
     _record(ctx, cfg, state, "out", report)
+    problems = [p for item in report.items for p in item.problems]
+    if problems:
+        log.get().error("staging.out_incomplete", problems=problems[:10], count=len(problems))
+    return problems
+
+
+def keep_results(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord,
+                 problems: list[str]) -> None:
+    """Keep this node's scratch of the job in quarantine, and tell the user where.
+
+    A stage-out that did not bring everything back must not lose the rest: the scratch
+    is moved (root's folder, the user's results, mode 0700) and kept for
+    ``[staging] kept_results_days``; the job's output says what did not come back, why,
+    where the results are and until when; a root event records it.
+    """
+    from wrapper.staging.scratch import quarantine_scratch
+
+    kept = quarantine_scratch(Path(cfg.paths.scratch_root), ctx.job_id,
+                              f"attempt{ctx.attempt}")
+    if kept is None:  # no scratch folder left to keep
+        remove_scratch(ctx, cfg, state)
+        return
+    until = time.time() + cfg.staging.kept_results_days * 86400
+    shown_until = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(until))
+    state.append("staging.kept", attempt=ctx.attempt, node=ctx.node, path=str(kept),
+                 until=round(until), problems=problems[:20])
+    log.get().error("staging.results_kept", path=str(kept), until=shown_until,
+                    problems=problems[:10])
+    if not record.stdout:
+        return
+    from wrapper.privileges import append_line, as_user
+
+    why = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
+                                     if len(problems) > 3 else "")
+    message = (f"jobwrap: stage-out did not bring back all results of attempt {ctx.attempt}: "
+               f"{why}. Nothing was deleted: everything the job left in its scratch is kept "
+               f"on node {ctx.node} in {kept} (readable by you and root only) until "
+               f"{shown_until}; copy it from there (e.g. srun -w {ctx.node} ...) before then.")
+    try:
+        as_user(_user(record), append_line, record.stdout, message)
+    except JobwrapError as exc:
+        log.get().warning("staging.kept_untold", error=str(exc))
+
+
+def prune_kept(cfg: Config) -> None:
+    """Remove kept scratch folders past their retention (never fails the hook)."""
+    from wrapper.staging.scratch import prune_quarantine
+
+    try:
+        removed = prune_quarantine(Path(cfg.paths.scratch_root),
+                                   cfg.staging.kept_results_days * 86400, time.time())
+    except (JobwrapError, OSError) as exc:
+        log.get().error("staging.prune_failed", error=str(exc))
+        return
+    if removed:
+        log.get().info("staging.kept_pruned", jobs=removed)
 
 
 def remove_scratch(ctx: JobContext, cfg: Config, state: JobState) -> None:

@@ -8,6 +8,12 @@ be steered out of it: every folder is opened from its parent's descriptor with
 ever unlinked (whatever it points to, even ``/``), and a folder on another file system
 (``st_dev`` differs) or listed as a mount point is left alone, with its contents. A user
 can thus make root delete only what the user could have deleted.
+
+``quarantine_scratch`` (root, epilog) keeps a scratch whose results did not all come back
+(a stage-out into a full or unwritable DEST): it is moved, not copied, to
+``<scratch_root>/.quarantine/<jobid>/attempt<N>`` (the two folders above it root's, mode
+0711; the results themselves the user's, mode 0700: only root and the job's user read
+them), and ``prune_quarantine`` removes what has been kept longer than the retention.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from wrapper.staging.privileges import UserIds
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
 SCRATCH_MODE = 0o700
 ROOT_MODE = 0o711  # users reach their own job's folder, and cannot list the others
+QUARANTINE = ".quarantine"
 
 
 @dataclass
@@ -257,5 +264,118 @@ def _open_scratch_root(root: Path) -> int:
         os.close(fd)
         raise StagingError(f"the scratch root {root} must be owned by uid {os.geteuid()} and "
                            f"writable by it alone (it is uid {info.st_uid}, mode "
+                           f"{stat.S_IMODE(info.st_mode):04o})")
+    return fd
+
+
+def quarantine_scratch(root: Path, job_id: str, name: str) -> Path | None:
+    """Move ``root/job_id`` to ``root/.quarantine/job_id/name`` (or ``name.1``, ...).
+
+    Returns where it is now; None when there is no scratch folder to keep (nothing, or
+    a symlink or a file in its place, which the caller removes as usual). The move is a
+    rename on the same file system: nothing is copied, nothing can be half kept.
+    """
+    if not _JOB_ID.match(job_id) or "/" in name or name.startswith("."):
+        raise StagingError(f"bad quarantine name {job_id!r}/{name!r}")
+    root_fd = _open_scratch_root(root)
+    try:
+        try:
+            info = os.stat(job_id, dir_fd=root_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            return None
+        box_fd = _root_dir(root_fd, QUARANTINE, str(root / QUARANTINE))
+        try:
+            job_fd = _root_dir(box_fd, job_id, str(root / QUARANTINE / job_id))
+            try:
+                target, number = name, 0
+                while _exists(job_fd, target):
+                    number += 1
+                    target = f"{name}.{number}"
+                try:
+                    os.rename(job_id, target, src_dir_fd=root_fd, dst_dir_fd=job_fd)
+                except OSError as exc:
+                    raise StagingError(f"cannot move {root / job_id} to "
+                                       f"{root / QUARANTINE / job_id / target}: "
+                                       f"{exc.strerror}") from None
+                kept = os.open(target, DIR_FLAGS, dir_fd=job_fd)
+                try:
+                    os.fchmod(kept, SCRATCH_MODE)  # only its owner (the job's user) and root
+                finally:
+                    os.close(kept)
+                os.utime(job_fd)  # the retention counts from now
+            finally:
+                os.close(job_fd)
+        finally:
+            os.close(box_fd)
+        return root / QUARANTINE / job_id / target
+    finally:
+        os.close(root_fd)
+
+
+def prune_quarantine(root: Path, max_age: float, now: float) -> list[str]:
+    """Remove every kept job folder older than ``max_age`` seconds; returns their names.
+
+    Age is the mtime of ``.quarantine/<jobid>``, root's folder, which the user cannot
+    change. Never creates the quarantine; removal never leaves it (``remove_tree``).
+    """
+    try:
+        root_fd = open_dir(root)
+    except OSError:
+        return []
+    removed: list[str] = []
+    try:
+        try:
+            box_fd = open_dir(QUARANTINE, dir_fd=root_fd)
+        except OSError:
+            return []
+        try:
+            info = os.fstat(box_fd)
+            if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+                raise StagingError(f"{root / QUARANTINE} is not root's own folder; "
+                                   "refusing to prune it (remove it by hand after a look)")
+            for entry in os.listdir(box_fd):
+                try:
+                    seen = os.stat(entry, dir_fd=box_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if _JOB_ID.match(entry) and seen.st_mtime + max_age <= now:
+                    remove_tree(box_fd, entry, display=str(root / QUARANTINE / entry))
+                    removed.append(entry)
+        finally:
+            os.close(box_fd)
+    finally:
+        os.close(root_fd)
+    return removed
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _root_dir(parent_fd: int, name: str, shown: str) -> int:
+    """Open (making, mode 0711) a folder of ours: no symlink, no one else's, not writable
+    by others."""
+    try:
+        os.mkdir(name, ROOT_MODE, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StagingError(f"cannot make {shown}: {exc.strerror}") from None
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        raise StagingError(f"cannot open {shown}: {exc.strerror} (a symlink or a file in "
+                           "its place? remove it after a look)") from None
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(fd)
+        raise StagingError(f"{shown} must be owned by uid {os.geteuid()} and writable by it "
+                           f"alone (it is uid {info.st_uid}, mode "
                            f"{stat.S_IMODE(info.st_mode):04o})")
     return fd

@@ -46,17 +46,25 @@ def start(job_id: str, cfg: Config) -> str:
 def supervise(job_id: str, cfg: Config) -> int:
     """The ``jobwrap supervise JOBID`` verb: drop rights, then follow the attempt."""
     from wrapper import jobrecord, slurm
+    from wrapper.facts import FactChannel, not_dumpable
     from wrapper.privileges import UserIds, drop_to
     from wrapper.supervisor.monitor import Supervisor
 
     os.chdir("/")  # hold no directory of the hook that started us
     state = JobState(Path(cfg.paths.state_dir), job_id)
     record = jobrecord.load(state)
+    # The channel root reads the supervisor's reports from: opened now, as root.
+    try:
+        channel = FactChannel.open(state)
+    except JobwrapError as exc:  # its hangs will not count for the epilog; keep watching
+        log.get().error("supervisor.no_fact_channel", error=str(exc))
+        channel = None
     if os.geteuid() == 0:
         if record.uid <= 0:
             raise JobwrapError(f"job {job_id}: no job user recorded; refusing to supervise "
                                "as root")
         drop_to(UserIds.of(record.uid, record.gid))
+        not_dumpable()
     log_path = state.path / SUPERVISOR_LOG
     log.configure(file=str(log_path), level=cfg.log.level, stderr_format="json")
     attempt = _current_attempt(state)
@@ -99,14 +107,15 @@ def supervise(job_id: str, cfg: Config) -> int:
 
     supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
-                            gpu_faults=_gpu_fault_reader(cfg, record))
+                            gpu_faults=_gpu_fault_reader(cfg, record),
+                            facts=channel.write if channel else None)
     supervisor.run()
     return 0
 
 
 def _current_attempt(state: JobState) -> int:
     attempts = [e.get("attempt", 0) for e in state.events()
-                if e.get("event") == "prolog.context"]
+                if e.get("event") == "prolog.context" and e.get("source") == "root"]
     return int(max(attempts)) if attempts else 0
 
 

@@ -2,12 +2,17 @@
 
 It runs with the job user's rights (it reads the user's checkpoints and output, and it
 may end the user's job, nothing more) and records what it sees as events in the job's
-user-writable event file: new checkpoints and their steps (progress), a hang (no new
-checkpoint and no output for the hang timeout: it ends the job so that it can be
-requeued), GPU faults on the job's GPUs (it ends the job; the root epilog drains the
-node after its own check), and the walltime (it sends the job's steps a checkpoint
-signal before the limit when the job did not ask for one). Each tick costs a few
-``stat`` calls and one directory listing; Slurm is asked far less often.
+user-writable event file (for ``jobwrap status``; there they are only claims): new
+checkpoints and their steps (progress), a hang (no new checkpoint and no output for the
+hang timeout: it ends the job so that it can be requeued), GPU faults on the job's GPUs
+(it ends the job; the root epilog drains the node after its own check), and the
+walltime (it sends the job's steps a checkpoint signal before the limit when the job
+did not ask for one). Each tick costs a few ``stat`` calls and one directory listing;
+Slurm is asked far less often.
+
+What the epilog acts on (a hang it ended the job for, a GPU fault) it also writes to
+``facts``: the root-owned channel root opened for it before the drop
+(``wrapper.facts.FactChannel``), which the job's user cannot write.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from wrapper import log
 from wrapper.config import SupervisorConfig
@@ -43,6 +49,7 @@ class Supervisor:
                  attempt: int, job_state: Callable[[], str],
                  end_job: Callable[[str], bool], signal_job: Callable[[str], bool],
                  gpu_faults: Callable[[], list[str]] | None = None,
+                 facts: Callable[[dict[str, Any]], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.record = record
         self.state = state
@@ -52,6 +59,7 @@ class Supervisor:
         self.end_job = end_job
         self.signal_job = signal_job
         self.gpu_faults = gpu_faults
+        self.facts = facts
         self.clock = clock
         options = record.job_options
         self.hang_timeout = options.hang_timeout or cfg.hang_timeout
@@ -62,6 +70,13 @@ class Supervisor:
         self.logger = log.get()
 
     def event(self, name: str, **data: object) -> None:
+        from wrapper.facts import FACT_EVENTS, fact
+
+        if self.facts is not None and name in FACT_EVENTS:  # first: root acts on this one
+            try:
+                self.facts(fact(name, self.attempt, **data))
+            except OSError as exc:
+                self.logger.error("supervisor.fact_unwritable", event=name, error=str(exc))
         self.state.append(name, as_user=True, attempt=self.attempt, hook="supervisor",
                           **data)
 
@@ -103,8 +118,8 @@ class Supervisor:
 
     def _superseded(self) -> bool:
         """A later attempt of the job has started (Slurm requeued it between two looks)."""
-        return any(e.get("event") == "prolog.context" and int(e.get("attempt", 0)) > self.attempt
-                   for e in self.state.events())
+        return any(e.get("event") == "prolog.context" and e.get("source") == "root"
+                   and int(e.get("attempt", 0)) > self.attempt for e in self.state.events())
 
     # -- what it looks at ----------------------------------------------------------------
     def _look_at_checkpoints(self, now: float) -> None:

@@ -1,0 +1,105 @@
+"""Root decides from root's facts, and never loses results: attacks by the job's user.
+
+Items 8 (forged events steer root) and 6 (results lost) of issue 12, played on the real
+sandbox Slurm by the test user's own jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+
+import pytest
+
+from wrapper.sandbox.cluster import Cluster
+from wrapper.state import JobState
+
+FORGE = """#!/bin/bash
+#SBATCH --output={work}/forge-{what}-%j.out
+#JOBWRAP --max-restarts=1
+events={state}/jobs/$SLURM_JOB_ID/user-events.jsonl
+forge() {{
+  printf '{{"ts":%s,"event":"%s","attempt":%s,"node":"%s","hook":"supervisor",%s}}\\n' \\
+    "$(date +%s.%N)" "$1" "$JOBWRAP_ATTEMPT" "$SLURMD_NODENAME" "$2" >> "$events"
+}}
+{lines}
+echo kept > "$JOBWRAP_SCRATCH/file"
+exit 1
+"""
+# what root once took from the user's own event file and the job's own output
+FORGED = {
+    "prolog.unhealthy": "forge prolog.unhealthy '\"reason\":\"forged\"'",
+    "gpu.fault": "forge gpu.fault '\"reason\":\"xid gpu0: forged\"'\n"
+                 "forge hang '\"idle_s\":999'\n"
+                 "echo 'NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.'",
+}
+
+
+def root_events(cluster: Cluster, job_id: str) -> list[dict[str, object]]:
+    return [e for e in JobState(cluster.state_dir, job_id).events() if e["source"] == "root"]
+
+
+@pytest.mark.parametrize("what", sorted(FORGED))
+def test_forged_events_do_not_steer_the_epilog(cluster: Cluster, what: str) -> None:
+    script = FORGE.format(work=cluster.work, state=cluster.state_dir, what=what,
+                          lines=FORGED[what])
+    job_id = cluster.submit(script, name=f"forge-{what}.sh")
+    info = cluster.wait_job(job_id, timeout=150)
+    output = (cluster.work / f"forge-{what}-{job_id}.out").read_text()
+    assert info["JobState"] == "FAILED", output
+    events = root_events(cluster, job_id)
+    nodes = {str(e["node"]) for e in events if e["event"] == "prolog.context"}
+    # the epilog ran to its end for every attempt: decision, archive, cleanup
+    ends = [e for e in events if e["event"] == "attempt.end"]
+    assert [(e["attempt"], e["kind"]) for e in ends] == [(0, "user_error"), (1, "user_error")], \
+        (ends, output)
+    assert all(e["exclude"] == [] for e in ends), ends  # no hardware requeue, no exclusion
+    archived = {e["attempt"] for e in events if e["event"] == "archive"}
+    cleaned = {e["attempt"] for e in events if e["event"] == "scratch.removed"}
+    assert archived == cleaned == {0, 1}, events
+    assert not (cluster.scratch_root / job_id).exists()
+    assert cluster.job(job_id).get("ExcNodeList") in (None, "", "(null)")
+    states = cluster.node_states()
+    assert all("drain" not in states[n] for n in nodes), states
+
+
+KEEP = """#!/bin/bash
+#SBATCH --output={work}/keep-%j.out
+#JOBWRAP --stage-out=results:{dest}/out
+set -e
+mkdir -p "$JOBWRAP_SCRATCH/results"
+echo precious > "$JOBWRAP_SCRATCH/results/data.txt"
+# the user's own DEST, made unwritable before the job ends
+mkdir -p {dest}
+chmod 0555 {dest}
+"""
+
+
+def test_unwritable_stage_out_keeps_the_results(cluster: Cluster) -> None:
+    dest = cluster.work / "keep-dest"
+    job_id = cluster.submit(KEEP.format(work=cluster.work, dest=dest), name="keep.sh")
+    try:
+        info = cluster.wait_job(job_id, timeout=120)
+        output = (cluster.work / f"keep-{job_id}.out").read_text()
+    finally:
+        if dest.exists():
+            os.chmod(dest, 0o700)
+    assert info["JobState"] == "COMPLETED", output
+    assert not (dest / "out").exists()
+    box = cluster.scratch_root / ".quarantine" / job_id
+    kept = box / "attempt0"
+    assert (kept / "results" / "data.txt").read_text() == "precious\n", output
+    user = pwd.getpwnam(cluster.spec.user)
+    box_info, kept_info = os.lstat(box), os.lstat(kept)
+    assert (box_info.st_uid, stat.S_IMODE(box_info.st_mode)) == (0, 0o711)
+    assert (kept_info.st_uid, stat.S_IMODE(kept_info.st_mode)) == (user.pw_uid, 0o700)
+    # the user is told what did not come back, why, where the results are, until when
+    assert "jobwrap: stage-out did not bring back all results" in output, output
+    assert str(kept) in output and "until" in output, output
+    events = root_events(cluster, job_id)
+    [record] = [e for e in events if e["event"] == "staging.kept"]
+    assert record["path"] == str(kept)
+    node = str(record["node"])
+    assert "drain" not in cluster.node_states()[node]
+    assert not (cluster.scratch_root / job_id).exists()

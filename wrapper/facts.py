@@ -1,0 +1,159 @@
+"""Root's facts: what the epilog decides from, and nothing the job's user could forge.
+
+The job's state folder holds two kinds of records. ``events.jsonl`` is written by root
+alone; ``user-events.jsonl`` is the job user's own file, and anything in it (a
+``prolog.unhealthy``, a ``gpu.fault``, a ``hang``) is only what the user *says*. The
+supervisor runs with the user's rights too, so what it writes there is no better.
+
+So the decision reads:
+
+- root's own events (``root_events``), never the user's;
+- the supervisor's reports of what it acted on (a hang it ended the job for, a GPU fault
+  it saw) from ``supervisor-facts.jsonl``: root opens that file (root-owned, mode 0600)
+  *before* the supervisor drops its rights, and the supervisor keeps only the write-only
+  descriptor. A process whose uid changed from root is not dumpable, so the job's user
+  can neither open the file nor reach that descriptor (``/proc/PID/fd``, ptrace);
+- a reported GPU fault counts as hardware only once root's own probe of the job's GPUs
+  confirms it (``confirm_gpu_fault``), never on the supervisor's or the output's word.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import stat
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from wrapper.config import Config
+from wrapper.errors import StateError
+from wrapper.state import JobState
+
+SUPERVISOR_FACTS = "supervisor-facts.jsonl"
+# The supervisor's reports the epilog acts on; each also goes to the user's event file
+# (for ``jobwrap status``), where it is only a claim.
+FACT_EVENTS = frozenset({"hang", "gpu.fault"})
+MAX_READ = 1 << 20  # the facts are a few lines per attempt; read at most this, from the end
+_PR_SET_DUMPABLE = 4
+
+
+class FactChannel:
+    """The supervisor's write-only, root-owned report file, opened before the drop."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def open(cls, state: JobState) -> FactChannel | None:
+        """Open (creating) the job's facts file as root; None when not root."""
+        if os.geteuid() != 0:
+            return None
+        path = state.path / SUPERVISOR_FACTS
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                         | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StateError(f"cannot open {path}: {exc.strerror}") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_nlink != 1:
+            os.close(fd)
+            raise StateError(f"{path} is not a regular root-owned file; refusing it")
+        os.fchmod(fd, 0o600)
+        return cls(fd)
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self.fd, view):]
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def not_dumpable() -> None:
+    """Make this process non-dumpable (no ptrace, no /proc/PID/fd for its user).
+
+    The kernel already does so when a root process changes its uid (with the default
+    fs.suid_dumpable); saying it again costs nothing and does not depend on that sysctl.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def root_events(state: JobState) -> list[dict[str, Any]]:
+    """The job's events that root wrote, in time order."""
+    return [e for e in state.events() if e.get("source") == "root"]
+
+
+def user_claims(state: JobState, attempt: int) -> list[dict[str, Any]]:
+    """What the user's side wrote for ``attempt`` (reports to re-verify, never facts)."""
+    return [e for e in state.events() if e.get("source") != "root"
+            and e.get("attempt") == attempt]
+
+
+def supervisor_facts(state: JobState, attempt: int) -> tuple[str, ...]:
+    """The supervisor's reports for ``attempt`` through its root-owned channel."""
+    path = state.path / SUPERVISOR_FACTS
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ()
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() \
+                or info.st_mode & 0o022:
+            return ()
+        os.lseek(fd, max(0, info.st_size - MAX_READ), os.SEEK_SET)
+        data = os.read(fd, MAX_READ)
+    finally:
+        os.close(fd)
+    return tuple(str(r["event"]) for r in _records(data.splitlines())
+                 if r.get("attempt") == attempt and r.get("event") in FACT_EVENTS)
+
+
+def _records(lines: Iterable[bytes]) -> Iterable[dict[str, Any]]:
+    for raw in lines:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            yield record
+
+
+def fact(name: str, attempt: int, **data: object) -> dict[str, Any]:
+    return {"ts": time.time(), "event": name, "attempt": attempt, **data}
+
+
+def confirm_gpu_fault(cfg: Config, node: str, gpus: Sequence[int]) -> list[str]:
+    """Root's own probe of the job's GPUs: the faults it finds (empty: none confirmed).
+
+    The same probe and fault checks as the supervisor's; a probe that does not work is
+    jobwrap's problem and raises, it confirms nothing.
+    """
+    if not gpus:
+        return []
+    from wrapper.gpu.probe import open_probe
+    from wrapper.gpu.report import run_checks
+    from wrapper.supervisor.launch import FAULT_CHECKS
+
+    probe = open_probe(cfg.gpu, node)
+    try:
+        report = run_checks(cfg, probe, phase="prolog", allocated=list(gpus),
+                            configured_gres=None, env={}, target="gpu")
+    finally:
+        probe.close()
+    return [f"{r.check} gpu{r.gpu_index}: {r.reason}" for r in report.failures
+            if r.check in FAULT_CHECKS]
+
