@@ -347,8 +347,18 @@ class LoginGuardConfig(Section):
          "g++", "clang", "clang++", "nvcc", "cicc", "ptxas", "make", "ninja", "cmake",
          "rustc", "cargo", "go", "javac", "vim", "nvim", "emacs", "nano", "git", "pip",
          "conda", "mamba", "rsync", "scp", "tar", "gzip", "xz", "zstd"),
-        "Commands (process names) with their own CPU allowance, counted apart from the "
-        "user's other processes: NAME (allowance command_cpu_share) or NAME=SHARE.")
+        "Commands with their own CPU allowance, counted apart from the user's other "
+        "processes: NAME (allowance command_cpu_share) or NAME=SHARE. A process is one "
+        "only if its program is a root file named NAME, or what NAME is in "
+        "exempt_command_path (not by its name or command line), and it loads no code "
+        "from a file that is not root's.")
+    exempt_command_path: tuple[str, ...] = _opt(
+        ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin",
+         "/usr/lib/gcc/*/*", "/usr/libexec/gcc/*/*", "/usr/local/cuda/bin",
+         "/usr/local/cuda/nvvm/bin"),
+        "Folders (glob patterns allowed) where each exempt command NAME is looked up, "
+        "symlinks followed: a process running the file found is that command. Only files "
+        "owned and writable by root alone, in folders likewise, count.")
     command_cpu_share: float = _opt(0.5, "CPU allowance of each exempt command of a user, "
                                     "as a share of all the node's cores.", positive=True)
     protected_commands: tuple[str, ...] = _opt(
@@ -356,7 +366,13 @@ class LoginGuardConfig(Section):
          "systemd", "(sd-pam)", "bash", "sh", "dash", "zsh", "ksh", "tcsh", "csh", "bsd-csh",
          "fish", "tmux", "tmux: server", "screen", "SCREEN", "mosh-server"),
         "Process names never signalled or reniced (login sessions and shells) when their "
-        "program is a system one (owned and writable by root only); their CPU still counts.")
+        "program is a root file (owned and writable by root only, in folders likewise), "
+        "it loads no code from another file and uses at most session_cpu_cores; their CPU "
+        "still counts.")
+    session_cpu_cores: float = _opt(0.25, "CPU (cores, since the previous scan) a protected "
+                                    "session or shell may use and stay protected: a shell "
+                                    "busier than that is judged like any other process.",
+                                    positive=True)
     cpu_share: float = _opt(0.1, "Share of all the node's cores (0.1 = 10%) one user may "
                             "use, sustained.", positive=True)
     cpu_window: float = _opt(300.0, "Seconds a user's CPU use must stay above cpu_share "
