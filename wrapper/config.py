@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, ClassVar
@@ -497,6 +498,8 @@ SECTIONS: dict[str, type[Section]] = {
     "archive": ArchiveConfig, "login_guard": LoginGuardConfig, "metrics": MetricsConfig,
 }
 
+# Numbers beyond this are no one's intent, and past float's or C's range.
+_LARGEST = 2**63
 _TYPE_NAMES = {"str": "a string", "float": "a number", "int": "an integer", "bool": "true or false"}
 
 
@@ -532,8 +535,11 @@ def parse(raw: bytes, path: str) -> Config:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(path, ["the file is not UTF-8 text"]) from None
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, and integers past Python's digit limit
         raise ConfigError(path, [f"not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(path, ["not valid TOML here: arrays or tables nested too deeply"]
+                          ) from None
     problems: list[str] = []
     sections: dict[str, Any] = {}
     for name, value in data.items():
@@ -577,8 +583,12 @@ def _check_value(spec: Opt, value: Any) -> str | None:
     type_name = spec.type
     if type_name == "float":
         ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok and not (abs(value) < _LARGEST if isinstance(value, int) else math.isfinite(value)):
+            return "a finite number"
     elif type_name == "int":
         ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not abs(value) < _LARGEST:
+            return f"an integer below {_LARGEST}"
     elif type_name == "bool":
         ok = isinstance(value, bool)
     elif type_name.startswith("tuple"):
@@ -606,6 +616,8 @@ def _describe(value: Any) -> str:
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _LARGEST:
+        return "a very large integer"
     return json.dumps(value) if isinstance(value, str | int | float | bool) else _describe(value)
 
 
