@@ -127,3 +127,16 @@ def test_ignored_accounts_are_not_sampled(procs: Procs) -> None:
     assert {s.pid for s in scanner(procs, exempt_users=(TEST_USER,)).scan().samples} == set()
     os.kill(root.pid, signal.SIGKILL)
     root.wait()
+
+
+def test_short_lived_children_count_for_their_parent(procs: Procs) -> None:
+    # Each child burns 0.2 s and is waited for; no scan sees most of them alive.
+    parent = procs.python(
+        "import subprocess, sys\n"
+        "code = 'import time\\nt = time.time()\\nwhile time.time() - t < 0.2: pass'\n"
+        "while True: subprocess.run([sys.executable, '-c', code])")
+    scan = scanner(procs)
+    scan.scan()
+    time.sleep(1.5)
+    [sample] = [s for s in scan.scan().samples if s.pid == parent.pid]
+    assert sample.cpu_cores < 0.2 and sample.children_cores > 0.3
