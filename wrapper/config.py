@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, ClassVar
@@ -356,8 +357,18 @@ class LoginGuardConfig(Section):
          "g++", "clang", "clang++", "nvcc", "cicc", "ptxas", "make", "ninja", "cmake",
          "rustc", "cargo", "go", "javac", "vim", "nvim", "emacs", "nano", "git", "pip",
          "conda", "mamba", "rsync", "scp", "tar", "gzip", "xz", "zstd"),
-        "Commands (process names) with their own CPU allowance, counted apart from the "
-        "user's other processes: NAME (allowance command_cpu_share) or NAME=SHARE.")
+        "Commands with their own CPU allowance, counted apart from the user's other "
+        "processes: NAME (allowance command_cpu_share) or NAME=SHARE. A process is one "
+        "only if its program is a root file named NAME, or what NAME is in "
+        "exempt_command_path (not by its name or command line), and it loads no code "
+        "from a file that is not root's.")
+    exempt_command_path: tuple[str, ...] = _opt(
+        ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin",
+         "/usr/lib/gcc/*/*", "/usr/libexec/gcc/*/*", "/usr/local/cuda/bin",
+         "/usr/local/cuda/nvvm/bin"),
+        "Folders (glob patterns allowed) where each exempt command NAME is looked up, "
+        "symlinks followed: a process running the file found is that command. Only files "
+        "owned and writable by root alone, in folders likewise, count.")
     command_cpu_share: float = _opt(0.5, "CPU allowance of each exempt command of a user, "
                                     "as a share of all the node's cores.", positive=True)
     protected_commands: tuple[str, ...] = _opt(
@@ -365,7 +376,13 @@ class LoginGuardConfig(Section):
          "systemd", "(sd-pam)", "bash", "sh", "dash", "zsh", "ksh", "tcsh", "csh", "bsd-csh",
          "fish", "tmux", "tmux: server", "screen", "SCREEN", "mosh-server"),
         "Process names never signalled or reniced (login sessions and shells) when their "
-        "program is a system one (owned and writable by root only); their CPU still counts.")
+        "program is a root file (owned and writable by root only, in folders likewise), "
+        "it loads no code from another file and uses at most session_cpu_cores; their CPU "
+        "still counts.")
+    session_cpu_cores: float = _opt(0.25, "CPU (cores, since the previous scan) a protected "
+                                    "session or shell may use and stay protected: a shell "
+                                    "busier than that is judged like any other process.",
+                                    positive=True)
     cpu_share: float = _opt(0.1, "Share of all the node's cores (0.1 = 10%) one user may "
                             "use, sustained.", positive=True)
     cpu_window: float = _opt(300.0, "Seconds a user's CPU use must stay above cpu_share "
@@ -490,6 +507,8 @@ SECTIONS: dict[str, type[Section]] = {
     "archive": ArchiveConfig, "login_guard": LoginGuardConfig, "metrics": MetricsConfig,
 }
 
+# Numbers beyond this are no one's intent, and past float's or C's range.
+_LARGEST = 2**63
 _TYPE_NAMES = {"str": "a string", "float": "a number", "int": "an integer", "bool": "true or false"}
 
 
@@ -525,8 +544,11 @@ def parse(raw: bytes, path: str) -> Config:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(path, ["the file is not UTF-8 text"]) from None
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, and integers past Python's digit limit
         raise ConfigError(path, [f"not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(path, ["not valid TOML here: arrays or tables nested too deeply"]
+                          ) from None
     problems: list[str] = []
     sections: dict[str, Any] = {}
     for name, value in data.items():
@@ -570,8 +592,12 @@ def _check_value(spec: Opt, value: Any) -> str | None:
     type_name = spec.type
     if type_name == "float":
         ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok and not (abs(value) < _LARGEST if isinstance(value, int) else math.isfinite(value)):
+            return "a finite number"
     elif type_name == "int":
         ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not abs(value) < _LARGEST:
+            return f"an integer below {_LARGEST}"
     elif type_name == "bool":
         ok = isinstance(value, bool)
     elif type_name.startswith("tuple"):
@@ -599,6 +625,8 @@ def _describe(value: Any) -> str:
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _LARGEST:
+        return "a very large integer"
     return json.dumps(value) if isinstance(value, str | int | float | bool) else _describe(value)
 
 

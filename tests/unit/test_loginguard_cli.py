@@ -48,7 +48,10 @@ def write_config(procs: Procs, **settings: Any) -> tuple[Path, Path, Path]:
     log = procs.shared / "guard.log"
     log.touch()
     os.chown(log, user.pw_uid, user.pw_gid)
-    config = guard_config(state, **{"cpu_share": 1.0, **settings})
+    # The project's other test users run Slurm jobs on this machine meanwhile: this
+    # guard (which sees every process) must not judge them.
+    config = guard_config(state, **{"cpu_share": 1.0,
+                                    "exempt_users": ("jwtest", "jwrival"), **settings})
     config = Config(paths=config.paths, login_guard=config.login_guard,
                     log=LogConfig(file=str(log), stderr_format="json"))
     path = procs.shared / "config.toml"

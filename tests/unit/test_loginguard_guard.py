@@ -268,42 +268,75 @@ def test_exempt_users_and_groups_and_root_are_left_alone(tmp_path: Path, procs: 
 
 def test_an_exempt_command_has_its_own_allowance(tmp_path: Path, procs: Procs,
                                                  clock: Clock) -> None:
-    compiler = procs.start([str(procs.named("cc1plus", "/usr/bin/python3")), "-c", BURN])
+    # /usr/bin/yes: a root file, busy for a core; exempt by what it runs, not its name.
+    compiler = procs.start(["yes"])
     generous = make_guard(tmp_path / "a", procs, clock, cpu_share=0.05,
-                          exempt_commands=("cc1plus=0.95",), cpu_actions=("warn",))
+                          exempt_commands=("yes=0.95",), cpu_actions=("warn",))
     generous.cycle()
     assert step(generous, clock, 5).findings == ()
     strict = make_guard(tmp_path / "b", procs, clock, cpu_share=0.95,
-                        exempt_commands=(f"cc1plus={BUSY}",), cpu_actions=("warn",))
+                        exempt_commands=(f"yes={BUSY}",), cpu_actions=("warn",))
     strict.cycle()
     [finding] = step(strict, clock, 5).findings
-    assert finding.rule == "cpu:cc1plus" and [t.pid for t in finding.targets] == [compiler.pid]
-    assert "your cc1plus processes used" in finding.seen
+    assert finding.rule == "cpu:yes" and [t.pid for t in finding.targets] == [compiler.pid]
+    assert "your yes processes used" in finding.seen
+
+
+def test_an_interpreter_named_like_an_exempt_command_gets_no_allowance(
+        tmp_path: Path, procs: Procs, clock: Clock) -> None:
+    disguised = procs.start([str(procs.named("yes", "/usr/bin/python3")), "-c", BURN])
+    guard = make_guard(tmp_path, procs, clock, cpu_share=BUSY, exempt_commands=("yes=0.95",),
+                       cpu_actions=("warn",))
+    guard.cycle()
+    [finding] = step(guard, clock, 5).findings
+    assert finding.rule == "cpu" and [t.pid for t in finding.targets] == [disguised.pid]
 
 
 def test_shells_and_sessions_are_never_killed(tmp_path: Path, procs: Procs,
                                              clock: Clock) -> None:
-    shell = procs.start(["bash", "-c", "while :; do :; done"])
-    # A system binary called sshd (root's, as /usr/sbin/sshd is), busy as a session can be.
-    sshd = procs.start([str(procs.system_copy("sshd", "/usr/bin/python3")), "-c", BURN])
+    shell = procs.start(["bash", "-c", "sleep 300; true"])
+    # A system binary called sshd (root's, as /usr/sbin/sshd is).
+    sshd = procs.start([str(procs.system_copy("sshd", "/bin/sleep")), "300"])
     # A user's disguise: a link named sshd to an interpreter it may run anything with.
-    disguised = procs.start([str(procs.named("sshd", "/usr/bin/python3")), "-c", BURN])
-    burner = procs.python(BURN)
-    guard = make_guard(tmp_path, procs, clock, cpu_share=0.01, cpu_actions=("terminate",),
-                       kill_grace=0.0)
+    disguised = procs.start([str(procs.named("sshd", "/usr/bin/python3")), "-c", SLEEP])
+    # Real shells, but one loads the user's code and one computes: no longer protected.
+    preloaded = procs.start(["bash", "-c", "sleep 300; true"],
+                            env={"LD_PRELOAD": str(user_library(procs)), "PATH": "/usr/bin"})
+    busy = procs.start(["bash", "-c", "while :; do :; done"])
+    # Every one matches an AI signature: only protection keeps it alive.
+    guard = make_guard(tmp_path, procs, clock, cpu_share=1.0, ai_commands=("bash", "sshd"),
+                       ai_actions=("terminate",), kill_grace=0.0)
     with capture_logs() as logs:
         guard.cycle()
         step(guard, clock, 5)
         step(guard, clock, 10)
         step(guard, clock, 10)
-    assert burner.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
-    assert disguised.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
+    for proc in (disguised, preloaded, busy):
+        assert proc.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
     assert running(shell) and running(sshd)
     killed = {p for e in logs if e["event"] == "login_guard.action" for p in e["pids"]}
-    assert killed == {burner.pid, disguised.pid}
+    assert killed == {disguised.pid, preloaded.pid, busy.pid}
     # Once only protected processes are left, the step says so instead of killing them.
     last = [e for e in logs if e["event"] == "login_guard.action"][-1]
     assert "nothing to terminate" in last["detail"]
+
+
+def user_library(procs: Procs) -> Path:
+    """A harmless shared library in the user's own folder: code root did not put there."""
+    library = procs.shared / "libmine.so"
+    if not library.exists():
+        shutil.copy(os.path.realpath(system_library()), library)
+        library.chmod(0o755)
+        os.chown(library, pwd.getpwnam(TEST_USER).pw_uid, -1)
+    return library
+
+
+def system_library() -> str:
+    for path in ("/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1",
+                 "/usr/lib64/libz.so.1"):
+        if os.path.exists(path):
+            return path
+    pytest.fail("no libz.so.1 to copy as a user's library")
 
 
 def test_dry_run_acts_on_nothing_and_writes_no_state(tmp_path: Path, procs: Procs,

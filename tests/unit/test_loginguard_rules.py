@@ -26,15 +26,17 @@ def policy(**overrides: object) -> Policy:
 
 def sample(pid: int, name: str = "python3", *, uid: int = 2000, cores: float = 0.0,
            rss: int = 0, cmdline: tuple[str, ...] = (), signature: str = "",
-           ai_library: str = "") -> ProcessSample:
+           ai_library: str = "", exempt: str = "", children: float = 0.0) -> ProcessSample:
     return ProcessSample(pid=pid, create_time=1000.0 + pid, uid=uid, user=f"u{uid}",
                          name=name, cmdline=cmdline or (name,), cpu_cores=cores, rss=rss,
                          signature=signature, ai_library=ai_library,
-                         session=name in {"bash", "sshd"})
+                         session=name in {"bash", "sshd"}, exempt=exempt,
+                         children_cores=children)
 
 
-def snapshot(*samples: ProcessSample, cpus: int = 10, measured: bool = True) -> Snapshot:
-    return Snapshot(tuple(samples), cpus, measured, 10.0, len(samples))
+def snapshot(*samples: ProcessSample, cpus: int = 10, measured: bool = True,
+             unseen: dict[int, float] | None = None) -> Snapshot:
+    return Snapshot(tuple(samples), cpus, measured, 10.0, len(samples), unseen or {})
 
 
 @pytest.mark.parametrize(
@@ -84,7 +86,8 @@ def test_ai_signatures(name: str, cmdline: tuple[str, ...], expected: str) -> No
 def test_cpu_rule_sums_a_users_processes_and_targets_the_busy_ones() -> None:
     p = policy(cpu_share=0.1)
     found = evaluate(snapshot(sample(1, cores=0.6), sample(2, cores=0.6),
-                              sample(3, "vim", cores=0.001), sample(4, "bash", cores=0.2)),
+                              sample(3, "vim", cores=0.001, exempt="vim"),
+                              sample(4, "bash", cores=0.2)),
                      p, set())
     [finding] = found
     assert (finding.rule, finding.kind, finding.user) == ("cpu", "cpu", "u2000")
@@ -104,12 +107,34 @@ def test_cpu_rule_needs_a_measurement_and_respects_the_share() -> None:
 
 def test_exempt_commands_have_their_own_allowance() -> None:
     p = policy(cpu_share=0.1, exempt_commands=("cc1plus=0.5", "make"), command_cpu_share=0.2)
-    build = [sample(i, "cc1plus", cores=1.0) for i in range(1, 5)]  # 40% of the node
-    assert evaluate(snapshot(*build), p, set()) == []
-    [finding] = evaluate(snapshot(*build, sample(9, "cc1plus", cores=2.0)), p, set())
+    build = [sample(i, "cc1plus", cores=1.0, exempt="cc1plus") for i in range(1, 5)]
+    assert evaluate(snapshot(*build), p, set()) == []  # 40% of the node
+    [finding] = evaluate(snapshot(*build, sample(9, "cc1plus", cores=2.0, exempt="cc1plus")),
+                         p, set())
     assert finding.rule == "cpu:cc1plus" and finding.kind == "cpu" and finding.limit == 0.5
-    [finding] = evaluate(snapshot(sample(1, "make", cores=3.0)), p, set())
+    [finding] = evaluate(snapshot(sample(1, "make", cores=3.0, exempt="make")), p, set())
     assert finding.rule == "cpu:make" and finding.limit == 0.2
+
+
+def test_a_name_alone_earns_no_allowance() -> None:
+    # Called make, but the scanner found its program is not the root file make is.
+    p = policy(cpu_share=0.1, exempt_commands=("make=0.9",))
+    [finding] = evaluate(snapshot(sample(1, "make", cores=3.0)), p, set())
+    assert finding.rule == "cpu" and [t.pid for t in finding.targets] == [1]
+
+
+def test_children_and_unseen_cpu_count_against_the_general_share() -> None:
+    p = policy(cpu_share=0.1, exempt_commands=("make=0.9",))
+    # make itself idles; the recipes it ran and waited for burned 3 cores.
+    [finding] = evaluate(snapshot(sample(1, "make", cores=0.0, exempt="make",
+                                         children=3.0)), p, set())
+    assert finding.rule == "cpu" and finding.value == pytest.approx(0.3)
+    assert [t.pid for t in finding.targets] == [1] and "ended children" in finding.seen
+    # A shell's loop of short burners: only the cgroup saw them; the shell is no target.
+    [finding] = evaluate(snapshot(sample(2, "bash", cores=0.01), unseen={2000: 2.0}), p, set())
+    assert finding.rule == "cpu" and finding.targets == ()
+    assert "too short-lived to be seen" in finding.seen
+    assert evaluate(snapshot(sample(2, "bash"), unseen={2000: 0.5}), p, set()) == []
 
 
 def test_a_capped_user_still_breaks_the_rule_when_pinned_against_the_cap() -> None:

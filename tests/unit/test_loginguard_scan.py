@@ -22,7 +22,7 @@ from tests.fixtures.loginguard.procs import (
 )
 from wrapper.config import LoginGuardConfig
 from wrapper.loginguard.rules import Policy
-from wrapper.loginguard.scan import Scanner, StatFiles, parse_stat
+from wrapper.loginguard.scan import Scanner, Stat, StatFiles, parse_stat
 
 
 @pytest.fixture
@@ -39,15 +39,15 @@ def scanner(procs: Procs, **settings: object) -> Scanner:
     [
         (b"42 (python3) R 1 42 42 0 -1 4194304 10 0 0 0 250 50 0 0 20 0 1 0 9000 1 2048 "
          b"18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n",
-         ("python3", "R", 9000, 300, 2048)),
+         Stat("python3", "R", 1, 9000, 300, 0, 2048)),
         # A name may hold spaces and parentheses: only the last ')' ends it.
-        (b"7 (evil) (x y) S 1 7 7 0 -1 0 0 0 0 0 3 4 0 0 20 0 1 0 77 1 5 0 0 0\n",
-         ("evil) (x y", "S", 77, 7, 5)),
+        (b"7 (evil) (x y) S 1 7 7 0 -1 0 0 0 0 0 3 4 5 6 20 0 1 0 77 1 5 0 0 0\n",
+         Stat("evil) (x y", "S", 1, 77, 7, 11, 5)),
         (b"7 (cut) S 1 2 3\n", None),
         (b"garbage", None),
     ],
 )
-def test_parse_stat(line: bytes, expected: tuple[str, str, int, int, int] | None) -> None:
+def test_parse_stat(line: bytes, expected: Stat | None) -> None:
     assert parse_stat(line) == expected
 
 
@@ -59,7 +59,7 @@ def test_a_kept_file_reads_nothing_once_its_process_ends(procs: Procs) -> None:
     assert len(files) == 1
     again = files.read(proc.pid)
     first_stat, again_stat = parse_stat(first), parse_stat(again or b"")
-    assert first_stat and again_stat and again_stat[2] == first_stat[2]  # same start tick
+    assert first_stat and again_stat and again_stat.start == first_stat.start
     proc.kill()
     proc.wait()
     assert files.read(proc.pid) is None and len(files) == 0  # closed, not read stale
@@ -127,3 +127,16 @@ def test_ignored_accounts_are_not_sampled(procs: Procs) -> None:
     assert {s.pid for s in scanner(procs, exempt_users=(TEST_USER,)).scan().samples} == set()
     os.kill(root.pid, signal.SIGKILL)
     root.wait()
+
+
+def test_short_lived_children_count_for_their_parent(procs: Procs) -> None:
+    # Each child burns 0.2 s and is waited for; no scan sees most of them alive.
+    parent = procs.python(
+        "import subprocess, sys\n"
+        "code = 'import time\\nt = time.time()\\nwhile time.time() - t < 0.2: pass'\n"
+        "while True: subprocess.run([sys.executable, '-c', code])")
+    scan = scanner(procs)
+    scan.scan()
+    time.sleep(1.5)
+    [sample] = [s for s in scan.scan().samples if s.pid == parent.pid]
+    assert sample.cpu_cores < 0.2 and sample.children_cores > 0.3

@@ -199,7 +199,8 @@ class Actions:
             proc = same_process(ref, finding.uid)
             if proc is None:
                 continue
-            with contextlib.suppress(psutil.NoSuchProcess):
+            # AccessDenied: a guard without the right to signal it (not root) goes on.
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                 proc.send_signal(signal.SIGTERM)
                 signalled.append(ref.pid)
                 pending.append(PendingKill(ref.pid, ref.create_time, finding.uid,
@@ -218,7 +219,7 @@ class Actions:
                                 (pending.pid,), "", "would send SIGKILL")
         try:
             proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
         return self._record("kill", pending.user, pending.uid, pending.rule, (pending.pid,),
                             "", "SIGKILL sent: it outlived SIGTERM's grace")

@@ -67,6 +67,8 @@ def _report(report: CycleReport, dry_run: bool) -> None:
                f"action(s){' (dry run: none taken)' if dry_run else ''}")
     for finding in report.findings:
         click.echo(f"  {finding.user} {finding.rule}: {finding.seen}")
+        targets = ", ".join(str(t.pid) for t in finding.targets)
+        click.echo(f"    may act on: {targets or 'none (only protected or idle processes)'}")
     for record in report.actions:
         click.echo(f"  {record.action} {record.user} {record.rule}: {record.detail}")
 

@@ -74,7 +74,8 @@ class Guard:
         self.log = jlog.get()
         self.policy = Policy.from_config(self.settings, config.source,
                                          guard_pids() if own_pids is None else own_pids)
-        self.scanner = Scanner(self.policy, scope=scope)
+        self.scanner = Scanner(self.policy, scope=scope,
+                               cgroup_root=self.settings.cgroup_root)
         self.gpu_pids = gpu_pids if gpu_pids is not None else gpu_pid_source(config)
         self.store = store or StateStore(Path(config.paths.state_dir) / "login-guard")
         self.state, problem = self.store.load()

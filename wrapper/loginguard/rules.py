@@ -57,7 +57,9 @@ class ProcessSample:
     rss: int  # resident bytes
     signature: str = ""  # the AI signature its name or command line matched
     ai_library: str = ""  # the AI library found mapped into it
-    session: bool = False  # a login session or a shell, run from a system binary
+    session: bool = False  # a login session or shell: a root program, clean, not busy
+    exempt: str = ""  # the exempt command it is (its program, not its name), or ''
+    children_cores: float = 0.0  # cores of its children that ended (and it waited for)
 
     @property
     def ref(self) -> ProcRef:
@@ -73,6 +75,9 @@ class Snapshot:
     measured: bool  # False on a first scan: there is no earlier CPU reading to compare
     seconds: float  # the time CPU use was measured over
     processes: int  # every process seen, system ones included
+    # Per uid, cores used by processes this scan did not see use them (short-lived ones,
+    # the last moments of those that ended): from the user's cgroup, else from children.
+    unseen: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ class Policy:
     ladders: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     throttle_cpu_share: float = 0.02
     own_pids: frozenset[int] = frozenset()
+    exempt_path: tuple[str, ...] = ()
+    session_cpu_cores: float = 0.25
 
     @classmethod
     def from_config(cls, cfg: LoginGuardConfig, source: str,
@@ -168,6 +175,8 @@ class Policy:
             memory_window=cfg.memory_window, ai_window=cfg.ai_window,
             ai_commands=signatures, ai_libraries=tuple(cfg.ai_libraries), ladders=ladders,
             throttle_cpu_share=cfg.throttle_cpu_share, own_pids=frozenset(own_pids),
+            exempt_path=tuple(cfg.exempt_command_path),
+            session_cpu_cores=cfg.session_cpu_cores,
         )
 
     def ignores_account(self, uid: int, user: str, gids: Iterable[int]) -> bool:
@@ -194,19 +203,21 @@ class Policy:
         """Login sessions, shells and the guard itself are never signalled or reniced."""
         return sample.session or sample.pid in self.own_pids
 
-    def is_session(self, name: str, binary: str | None, system_binary: bool) -> bool:
-        """Whether a process named ``name`` is a login session or shell to protect.
+    def is_session(self, name: str, binary: str | None, root_program: bool) -> bool:
+        """Whether a process named ``name`` may be a login session or shell to protect.
 
         The name alone would let anyone protect a training run by naming it ``sshd``:
-        the program must also be a system one (root's alone) and be that program
-        (``sh`` runs ``dash``, ``ksh`` runs ``ksh93``). ``binary`` None: it could not be
-        read, and protecting a real session matters more than catching a disguise.
+        the program must also be a root file (:mod:`wrapper.loginguard.trust`) and be
+        that program (``sh`` runs ``dash``, ``ksh`` runs ``ksh93``). ``binary`` None: it
+        could not be read, and protecting a real session matters more than catching a
+        disguise. The scanner further requires that it maps no code but root's and is
+        not busy (``session_cpu_cores``).
         """
         if name not in self.protected_commands:
             return False
         if binary is None:
             return True
-        return system_binary and (binary in self.protected_commands or binary.startswith(name))
+        return root_program and (binary in self.protected_commands or binary.startswith(name))
 
 
 def is_python(name: str) -> bool:
@@ -274,6 +285,10 @@ def evaluate(snapshot: Snapshot, policy: Policy, gpu_pids: Collection[int] | Non
     return findings
 
 
+def _busy(p: ProcessSample) -> float:
+    return p.cpu_cores + p.children_cores
+
+
 def _targets(procs: Iterable[ProcessSample], policy: Policy) -> tuple[ProcRef, ...]:
     return tuple(p.ref for p in procs if not policy.is_protected(p))
 
@@ -287,25 +302,41 @@ def _cpu(procs: list[ProcessSample], snapshot: Snapshot, policy: Policy,
          capped: bool) -> list[Finding]:
     if snapshot.seconds < MIN_CPU_SAMPLE:
         return []
+    # An exempt command's allowance covers only its own CPU: what its children used
+    # (make's recipes, a compiler driver's -B programs) and what no scan saw (processes
+    # too short-lived to be seen) cannot be told to be that command's, so it counts
+    # against the user's general share.
     groups: dict[str, list[ProcessSample]] = defaultdict(list)
+    general = 0.0
     for p in procs:
-        groups["cpu" if p.name not in policy.allowances else f"cpu:{p.name}"].append(p)
+        groups[f"cpu:{p.exempt}" if p.exempt in policy.allowances else "cpu"].append(p)
+        general += p.children_cores
+    unseen = snapshot.unseen.get(procs[0].uid, 0.0)
+    general += unseen
+    if general:
+        groups.setdefault("cpu", [])
     found = []
     for rule, members in sorted(groups.items()):
         limit = policy.cpu_share if rule == "cpu" else policy.allowances[rule[4:]]
         if capped:
             limit = min(limit, PINNED_FRACTION * policy.throttle_cpu_share)
-        cores = sum(p.cpu_cores for p in members)
+        cores = sum(p.cpu_cores for p in members) + (general if rule == "cpu" else 0.0)
         share = cores / snapshot.cpus
         if share <= limit:
             continue
-        busy = sorted((p for p in members if p.cpu_cores >= BUSY_CORES),
-                      key=lambda p: p.cpu_cores, reverse=True)
-        top = ", ".join(f"{p.pid} {printable(p.name, 40)} {p.cpu_cores:.2f}" for p in busy[:5])
+        pool = procs if rule == "cpu" else members  # children count here, whoever's
+        busy = sorted((p for p in pool if (_busy(p) if rule == "cpu" else p.cpu_cores)
+                       >= BUSY_CORES), key=_busy, reverse=True)
+        top = ", ".join(f"{p.pid} {printable(p.name, 40)} {p.cpu_cores:.2f}"
+                        + (f" (+{p.children_cores:.2f} ended children)"
+                           if rule == "cpu" and p.children_cores >= BUSY_CORES else "")
+                        for p in busy[:5])
         what = "your processes" if rule == "cpu" else f"your {rule[4:]} processes"
         seen = (f"{what} used {cores:.2f} cores ({share:.0%} of the node's {snapshot.cpus}) "
                 f"over the last {snapshot.seconds:.0f} s; allowed {limit:.0%}"
-                + (f" (busiest: {top})" if top else ""))
+                + (f" (busiest: {top})" if top else "")
+                + (f"; {unseen:.2f} cores of it by processes too short-lived to be seen"
+                   if rule == "cpu" and unseen >= BUSY_CORES else ""))
         found.append(Finding(procs[0].uid, procs[0].user, rule, "cpu", seen, share, limit,
                              _targets(busy, policy)))
     return found
