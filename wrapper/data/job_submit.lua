@@ -221,9 +221,9 @@ local function split_lines(script)
     return lines
 end
 
--- The lines of the script's header that start with `prefix` (like #SBATCH: the header
--- ends at the first command), as {number, text after the prefix}.
-local function header_lines(script, prefix)
+-- The comment lines of the script's header (like #SBATCH: the header ends at the first
+-- command), stripped, as {number, line}: read once, for #JOBWRAP and #SBATCH alike.
+local function read_header(script)
     local out = {}
     for number, raw in ipairs(split_lines(script)) do
         local line = strip(raw)
@@ -232,10 +232,20 @@ local function header_lines(script, prefix)
             if line:sub(1, 1) ~= "#" then
                 break
             end
-            local after = line:sub(#prefix + 1, #prefix + 1)
-            if starts_with(line, prefix) and (after == "" or after:find(WS)) then
-                out[#out + 1] = { number, strip(line:sub(#prefix + 1)) }
-            end
+            out[#out + 1] = { number, line }
+        end
+    end
+    return out
+end
+
+-- The header's lines that start with `prefix`, as {number, text after the prefix}.
+local function header_lines(header, prefix)
+    local out = {}
+    for _, item in ipairs(header) do
+        local number, line = item[1], item[2]
+        local after = line:sub(#prefix + 1, #prefix + 1)
+        if starts_with(line, prefix) and (after == "" or after:find(WS)) then
+            out[#out + 1] = { number, strip(line:sub(#prefix + 1)) }
         end
     end
     return out
@@ -264,7 +274,7 @@ local function shell_words(text)
                 words[#words + 1] = table.concat(pieces)
                 pieces = nil
             end
-            i = at + 1
+            i = text:find("[^ \t\r\n]", at + 1) or (n + 1) -- the whole run of blanks
         else
             pieces = pieces or {}
             if c == "\\" then
@@ -645,9 +655,9 @@ end
 -- wrapper.directives.parse_script: the options by name, or nil and the message.
 -- Every line is split before any option is read, as there: a quoting error anywhere
 -- is reported first.
-local function parse_script(script)
+local function parse_script(header)
     local items = {}
-    for _, line in ipairs(header_lines(script, PREFIX)) do
+    for _, line in ipairs(header_lines(header, PREFIX)) do
         local number, text = line[1], line[2]
         local words, problem = shell_words(text)
         if words == nil then
@@ -662,9 +672,9 @@ local function parse_script(script)
 end
 
 -- Whether an #SBATCH line of the header says --no-requeue.
-local function sbatch_no_requeue(script)
+local function sbatch_no_requeue(header)
     local found = false
-    for _, line in ipairs(header_lines(script, "#SBATCH")) do
+    for _, line in ipairs(header_lines(header, "#SBATCH")) do
         for _, word in ipairs(shell_words(line[2]) or {}) do
             if word == "--no-requeue" then
                 found = true
@@ -685,14 +695,14 @@ local function is_unset16(value)
 end
 
 -- Requeue: the job's explicit choice wins; #JOBWRAP --no-requeue always does.
-local function decide_requeue(job_desc, options, script)
+local function decide_requeue(job_desc, options, header)
     if options["--no-requeue"] then
         return 0, "#JOBWRAP --no-requeue"
     end
     if not is_unset16(job_desc.requeue) then
         return nil, "the job's own --requeue/--no-requeue"
     end
-    if sbatch_no_requeue(script) then
+    if sbatch_no_requeue(header) then
         return 0, "#SBATCH --no-requeue"
     end
     local restarts = options["--max-restarts"]
@@ -740,7 +750,8 @@ local function submit(job_desc, submit_uid)
     if script == nil then
         return slurm.SUCCESS -- srun/salloc: no batch script, nothing of ours to check
     end
-    local options, given = parse_script(script)
+    local header = read_header(script)
+    local options, given = parse_script(header)
     if options == nil then
         slurm.log_info("jobwrap: refused a job of uid %s: %s", tostring(submit_uid), given)
         return refuse(given)
@@ -752,7 +763,7 @@ local function submit(job_desc, submit_uid)
         return refuse(string.format("#JOBWRAP line %d: --max-restarts=%s: this cluster "
             .. "allows at most %d restarts", where[1], py_repr(where[2]), limit))
     end
-    local requeue, why = decide_requeue(job_desc, options, script)
+    local requeue, why = decide_requeue(job_desc, options, header)
     if requeue ~= nil then
         job_desc.requeue = requeue
     end
