@@ -37,6 +37,9 @@ class Runner:
             proc = subprocess.Popen(
                 args, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                # Output is not ours to trust (a job's script, a user's --comment): a
+                # byte that is not UTF-8 becomes a lone surrogate, never an exception.
+                encoding="utf-8", errors="surrogateescape",
                 env=self.env, start_new_session=True,
             )
         except FileNotFoundError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.bench import ckpt_latest, guard, prolog_overhead, restart, staging
+from tests.bench import ckpt_latest, guard, prolog_overhead, restart, staging, submit_lua
 
 BENCHMARKS = {
     "prolog-overhead": prolog_overhead.main,
@@ -17,6 +17,7 @@ BENCHMARKS = {
     "stage-large": staging.large_main,
     "stage-small": staging.small_main,
     "stage-cached": staging.cached_main,
+    "submit-lua": submit_lua.main,
 }
 
 

@@ -20,11 +20,10 @@ from wrapper.staging import spec
 _original_convert = directives._convert
 
 
-def _convert_with_stage_rules(option: directives.Option, value: str, where: str,
-                              previous: Any) -> Any:
+def _convert_with_stage_rules(option: directives.Option, value: str, where: str) -> Any:
     """wrapper.directives._convert plus the stage spec rules the prolog applies
     (wrapper/staging/spec.py), as job_submit.lua applies them at submit time."""
-    converted = _original_convert(option, value, where, previous)
+    converted = _original_convert(option, value, where)
     if option.kind == "spec":
         check = spec.parse_stage_in if option.name == "--stage-in" else spec.parse_stage_out
         try:

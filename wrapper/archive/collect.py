@@ -125,7 +125,7 @@ def collect(dest: int, access: Access, sources: Sources, limits: Limits) -> list
         files.append(entry)
     if sources.script_text:
         files.append(_write_text(dest, access, "batch-script.sh.gz", "script",
-                                 sources.script_text.encode(), limits))
+                                 sources.script_text.encode("utf-8", "surrogateescape"), limits))
     job_id, attempt = sources.job_id, sources.attempt
     files.append(copy_root_lines(dest, access, "supervisor.log.gz", "supervisor_log",
                                  str(sources.state.path / SUPERVISOR_LOG),

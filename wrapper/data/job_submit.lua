@@ -13,6 +13,16 @@ tests/unit/test_lua_agreement.py holds them to the same table and to generated h
 
 Written for Lua 5.1 (what Debian's Slurm 22.05 plugin links) and 5.3: no goto, no
 integer division, no bit operators, no table.unpack.
+
+It runs inside slurmctld, under its locks, on the user's script: every step is linear
+in the input and the input is capped (the same caps in wrapper/directives.py).
+- Only the script's first HEADER_LINES lines, and of them those ending within its first
+  HEADER_BYTES bytes, are read for directives: a longer header's later lines are not.
+- Lines, blanks and words are found with string.find (anchored patterns whose
+  backtracking is one character at a time) and built with table.concat: never a
+  pattern retried at every blank of a run, never a string grown a character at a time.
+- Every number has a range, its digits counted before tonumber: --max-restarts 0 to
+  1000, --hang-timeout up to 30 days.
 --]]
 
 -- BEGIN SITE (rewritten by `jobwrap install-lua`; edit the jobwrap config instead)
@@ -33,6 +43,10 @@ local SITE = {
 -- END SITE
 
 local PREFIX = "#JOBWRAP"
+local HEADER_BYTES = 262144 -- 256 KiB
+local HEADER_LINES = 1000
+local MAX_NUMBER_DIGITS = 9 -- a whole-number value longer than this is out of range
+local MAX_DURATION_CHARS = 32 -- a duration longer than this is none
 
 -- Declared once, in the order wrapper/directives.py's OPTIONS lists them (the order of
 -- the "valid options" in messages).
@@ -40,8 +54,8 @@ local OPTIONS = {
     { name = "--checkpoint-dir", kind = "path" },
     { name = "--checkpoint-glob", kind = "text" },
     { name = "--checkpoint-marker", kind = "text" },
-    { name = "--max-restarts", kind = "int" },
-    { name = "--hang-timeout", kind = "duration" },
+    { name = "--max-restarts", kind = "int", most = 1000 },
+    { name = "--hang-timeout", kind = "duration", most = 30 * 86400 },
     { name = "--stage-in", kind = "spec" },
     { name = "--stage-out", kind = "spec" },
     { name = "--no-requeue", kind = "flag" },
@@ -56,17 +70,82 @@ local VALID = table.concat(VALID_NAMES, ", ")
 
 -- Python's str.strip() for the ASCII whitespace it knows (\x1c-\x1f included).
 local WS = "[ \t\n\r\v\f\28\29\30\31]"
+local NOT_WS = "[^ \t\n\r\v\f\28\29\30\31]"
+-- Python's str.splitlines() line boundaries, for the ASCII range (\r\n is one).
+local BOUNDARY = "[\n\r\v\f\28\29\30]"
+-- Where the end of the last non-blank is: ".*" takes all and gives back one character
+-- at a time until one is no blank, so this is linear (unlike WS .. "+$", which is
+-- retried at every blank of a run and is quadratic in it).
+local LAST_NOT_WS = "^.*" .. NOT_WS .. "()"
 
 local function strip(text)
-    return (text:gsub("^" .. WS .. "+", ""):gsub(WS .. "+$", ""))
+    local first = text:find(NOT_WS)
+    if first == nil then
+        return ""
+    end
+    return text:sub(first, text:match(LAST_NOT_WS) - 1)
 end
 
 local function starts_with(text, prefix)
     return text:sub(1, #prefix) == prefix
 end
 
--- Python's repr() of a str, for the ASCII range and the UTF-8 C1 controls, so that
--- messages quote values exactly as wrapper/directives.py does.
+-- The length of the valid UTF-8 sequence at byte i of text, or nil where Python's
+-- decoder (with surrogateescape, as the hooks decode scripts) makes the byte a lone
+-- surrogate \udcXX.
+local function utf8_length(text, i)
+    local b = text:byte(i)
+    if b < 0x80 then
+        return 1
+    end
+    local n, lo, hi
+    if b >= 0xC2 and b <= 0xDF then
+        n, lo, hi = 2, 0x80, 0xBF
+    elseif b == 0xE0 then
+        n, lo, hi = 3, 0xA0, 0xBF
+    elseif b == 0xED then
+        n, lo, hi = 3, 0x80, 0x9F
+    elseif b >= 0xE1 and b <= 0xEF then
+        n, lo, hi = 3, 0x80, 0xBF
+    elseif b == 0xF0 then
+        n, lo, hi = 4, 0x90, 0xBF
+    elseif b >= 0xF1 and b <= 0xF3 then
+        n, lo, hi = 4, 0x80, 0xBF
+    elseif b == 0xF4 then
+        n, lo, hi = 4, 0x80, 0x8F
+    else
+        return nil
+    end
+    local second = text:byte(i + 1)
+    if second == nil or second < lo or second > hi then
+        return nil
+    end
+    for k = 2, n - 1 do
+        local c = text:byte(i + k)
+        if c == nil or c < 0x80 or c > 0xBF then
+            return nil
+        end
+    end
+    return n
+end
+
+local function valid_utf8(text)
+    local i = 1
+    while true do
+        local at = text:find("[\128-\255]", i)
+        if at == nil then
+            return true
+        end
+        local n = utf8_length(text, at)
+        if n == nil then
+            return false
+        end
+        i = at + n
+    end
+end
+
+-- Python's repr() of a str, for the ASCII range, the UTF-8 C1 controls and bytes that
+-- are not UTF-8, so that messages quote values exactly as wrapper/directives.py does.
 local function py_repr(text)
     local quote = "'"
     if text:find("'", 1, true) and not text:find('"', 1, true) then
@@ -89,15 +168,19 @@ local function py_repr(text)
             out[#out + 1] = "\\r"
         elseif b < 32 or b == 127 then
             out[#out + 1] = string.format("\\x%02x", b)
-        elseif b == 0xC2 and i < n then
-            -- U+0080..U+00A0 and U+00AD are not printable: Python writes \xNN.
+        elseif b >= 0x80 then
+            local length = utf8_length(text, i)
             local nb = text:byte(i + 1)
-            if (nb >= 0x80 and nb <= 0xA0) or nb == 0xAD then
+            if length == nil then
+                out[#out + 1] = string.format("\\udc%02x", b)
+            elseif b == 0xC2 and ((nb >= 0x80 and nb <= 0xA0) or nb == 0xAD) then
+                -- U+0080..U+00A0 and U+00AD are not printable: Python writes \xNN.
                 out[#out + 1] = string.format("\\x%02x", nb)
+                i = i + 1
             else
-                out[#out + 1] = text:sub(i, i + 1)
+                out[#out + 1] = text:sub(i, i + length - 1)
+                i = i + length - 1
             end
-            i = i + 1
         else
             out[#out + 1] = c
         end
@@ -106,33 +189,41 @@ local function py_repr(text)
     return quote .. table.concat(out) .. quote
 end
 
--- Python's splitlines() for the ASCII line boundaries.
+-- The part of the script read for directives: the whole lines within its first
+-- HEADER_BYTES bytes (all of it when it is shorter).
+local function header(script)
+    if #script <= HEADER_BYTES then
+        return script
+    end
+    local head = script:sub(1, HEADER_BYTES)
+    local after = head:match("^.*" .. BOUNDARY .. "()")
+    return after and head:sub(1, after - 1) or ""
+end
+
+-- Python's splitlines() for the ASCII line boundaries: the header's first HEADER_LINES.
 local function split_lines(script)
     local lines = {}
-    local start, i, n = 1, 1, #script
-    while i <= n do
-        local c = script:sub(i, i)
-        if c == "\r" and script:sub(i + 1, i + 1) == "\n" then
-            lines[#lines + 1] = script:sub(start, i - 1)
-            i = i + 2
-            start = i
-        elseif c:find("[\n\r\v\f\28\29\30]") then
-            lines[#lines + 1] = script:sub(start, i - 1)
-            i = i + 1
-            start = i
-        else
-            i = i + 1
+    local text = header(script)
+    local start, n = 1, #text
+    while start <= n and #lines < HEADER_LINES do
+        local at = text:find(BOUNDARY, start)
+        if at == nil then
+            lines[#lines + 1] = text:sub(start)
+            break
         end
-    end
-    if start <= n then
-        lines[#lines + 1] = script:sub(start)
+        lines[#lines + 1] = text:sub(start, at - 1)
+        if text:byte(at) == 13 and text:byte(at + 1) == 10 then
+            start = at + 2
+        else
+            start = at + 1
+        end
     end
     return lines
 end
 
--- The lines of the script's header that start with `prefix` (like #SBATCH: the header
--- ends at the first command), as {number, text after the prefix}.
-local function header_lines(script, prefix)
+-- The comment lines of the script's header (like #SBATCH: the header ends at the first
+-- command), stripped, as {number, line}: read once, for #JOBWRAP and #SBATCH alike.
+local function read_header(script)
     local out = {}
     for number, raw in ipairs(split_lines(script)) do
         local line = strip(raw)
@@ -141,79 +232,92 @@ local function header_lines(script, prefix)
             if line:sub(1, 1) ~= "#" then
                 break
             end
-            local after = line:sub(#prefix + 1, #prefix + 1)
-            if starts_with(line, prefix) and (after == "" or after:find(WS)) then
-                out[#out + 1] = { number, strip(line:sub(#prefix + 1)) }
-            end
+            out[#out + 1] = { number, line }
+        end
+    end
+    return out
+end
+
+-- The header's lines that start with `prefix`, as {number, text after the prefix}.
+local function header_lines(header, prefix)
+    local out = {}
+    for _, item in ipairs(header) do
+        local number, line = item[1], item[2]
+        local after = line:sub(#prefix + 1, #prefix + 1)
+        if starts_with(line, prefix) and (after == "" or after:find(WS)) then
+            out[#out + 1] = { number, strip(line:sub(#prefix + 1)) }
         end
     end
     return out
 end
 
 -- Python's shlex.split(text, comments=False): POSIX quoting; returns the words, or
--- nil and shlex's own error text.
+-- nil and shlex's own error text. Each run of plain characters is found with one
+-- search and kept as one piece; a word is its pieces joined once.
+local SHELL_SPECIAL = "[ \t\r\n'\"\\]"
 local function shell_words(text)
     local words = {}
-    local token, quoted = nil, false
-    local state = " "       -- " " between words, "a" in a word, "'"/'"' in quotes
+    local pieces = nil -- the word being read; nil between words
     local i, n = 1, #text
-    local function finish()
-        if token ~= nil or quoted then
-            words[#words + 1] = token or ""
-        end
-        token, quoted = nil, false
-    end
     while i <= n do
-        local c = text:sub(i, i)
-        if state == "'" then
-            if c == "'" then
-                state = "a"
-            else
-                token = (token or "") .. c
+        local at = text:find(SHELL_SPECIAL, i) or (n + 1)
+        if at > i then
+            pieces = pieces or {}
+            pieces[#pieces + 1] = text:sub(i, at - 1)
+        end
+        if at > n then
+            break
+        end
+        local c = text:sub(at, at)
+        if c == " " or c == "\t" or c == "\r" or c == "\n" then
+            if pieces then
+                words[#words + 1] = table.concat(pieces)
+                pieces = nil
             end
-        elseif state == '"' then
-            if c == '"' then
-                state = "a"
-            elseif c == "\\" then
-                if i == n then
+            i = text:find("[^ \t\r\n]", at + 1) or (n + 1) -- the whole run of blanks
+        else
+            pieces = pieces or {}
+            if c == "\\" then
+                if at == n then
                     return nil, "No escaped character"
                 end
-                local nextc = text:sub(i + 1, i + 1)
-                -- Inside double quotes a backslash escapes only " and \ (and stays).
-                if nextc ~= '"' and nextc ~= "\\" then
-                    token = (token or "") .. "\\"
+                pieces[#pieces + 1] = text:sub(at + 1, at + 1)
+                i = at + 2
+            elseif c == "'" then
+                local close = text:find("'", at + 1, true)
+                if close == nil then
+                    return nil, "No closing quotation"
                 end
-                token = (token or "") .. nextc
-                i = i + 1
-            else
-                token = (token or "") .. c
+                pieces[#pieces + 1] = text:sub(at + 1, close - 1)
+                i = close + 1
+            else -- a double quote: a backslash escapes only " and \ (and stays otherwise)
+                local j = at + 1
+                while true do
+                    local q = text:find('["\\]', j)
+                    if q == nil then
+                        return nil, "No closing quotation"
+                    end
+                    pieces[#pieces + 1] = text:sub(j, q - 1)
+                    if text:sub(q, q) == '"' then
+                        i = q + 1
+                        break
+                    end
+                    if q == n then
+                        return nil, "No escaped character"
+                    end
+                    local nextc = text:sub(q + 1, q + 1)
+                    if nextc ~= '"' and nextc ~= "\\" then
+                        pieces[#pieces + 1] = "\\"
+                    end
+                    pieces[#pieces + 1] = nextc
+                    j = q + 2
+                end
             end
-        elseif c == " " or c == "\t" or c == "\r" or c == "\n" then
-            if state == "a" then
-                finish()
-            end
-            state = " "
-        elseif c == "'" or c == '"' then
-            quoted = true
-            token = token or ""
-            state = c
-        elseif c == "\\" then
-            if i == n then
-                return nil, "No escaped character"
-            end
-            token = (token or "") .. text:sub(i + 1, i + 1)
-            state = "a"
-            i = i + 1
-        else
-            token = (token or "") .. c
-            state = "a"
         end
-        i = i + 1
     end
-    if state == "'" or state == '"' then
-        return nil, "No closing quotation"
+    if pieces then
+        words[#words + 1] = table.concat(pieces)
     end
-    finish()
     return words
 end
 
@@ -231,17 +335,18 @@ local function py_int(text)
     if not body:find("^%d[%d_]*$") or body:find("__") or body:sub(-1) == "_" then
         return nil
     end
-    return sign * tonumber((body:gsub("_", "")))
+    -- A float (Lua 5.3 integers would wrap in the products below); exact below 2^53.
+    return sign * (tonumber((body:gsub("_", ""))) + 0.0)
 end
 
 -- wrapper.directives.parse_duration: seconds, or nil when it is no duration.
 local function parse_duration(text)
     local value = strip(text):lower()
-    if value == "" then
+    if value == "" or #value > MAX_DURATION_CHARS or value:find("[\128-\255]") then
         return nil
     end
     if value:find("^%d+$") then
-        return tonumber(value)
+        return tonumber(value) + 0.0
     end
     if value:find(":", 1, true) or value:find("-", 1, true) then
         local days = 0
@@ -275,7 +380,7 @@ local function parse_duration(text)
     for _, unit in ipairs(units) do
         local digits = value:match("^(%d+)" .. unit[1], pos)
         if digits then
-            total = total + tonumber(digits) * unit[2]
+            total = total + (tonumber(digits) + 0.0) * unit[2]
             pos = pos + #digits + 1
             any = true
         end
@@ -335,6 +440,9 @@ local function common_checks(text, where, tilde_hint)
         return string.format("%s contains the control character %s; use printable names",
             where, py_repr(bad))
     end
+    if not valid_utf8(text) then
+        return where .. " is not valid UTF-8; rename it"
+    end
     if #text > MAX_PATH_BYTES then
         return string.format("%s is longer than %d bytes; use a shorter path", where,
             MAX_PATH_BYTES)
@@ -354,7 +462,8 @@ local function scratch_path(text, directive, role)
         return problem
     end
     if starts_with(text, "/") then
-        local example = text:gsub("^/+", ""):gsub("/+$", "")
+        local last = text:match("^.*[^/]()") -- linear, unlike "/+$"
+        local example = last and text:sub(1, last - 1):gsub("^/+", "") or ""
         return string.format("%s is absolute; %s is relative to the job's scratch folder, "
             .. "e.g. %s", where, role, py_repr(example ~= "" and example or "data"))
     end
@@ -457,9 +566,11 @@ local function convert(option, value, where, previous)
         return nil, string.format("%s: %s value holds a control character", where, name)
     end
     if option.kind == "int" then
-        if not value:find("^%d+$") then
-            return nil, string.format("%s: %s=%s: expected a whole number >= 0, e.g. %s=3",
-                where, name, py_repr(value), name)
+        -- The digits are counted before tonumber: never a 4,301-digit conversion.
+        if #value > MAX_NUMBER_DIGITS or not value:find("^%d+$")
+            or tonumber(value) > option.most then
+            return nil, string.format("%s: %s=%s: expected a whole number from 0 to %d, "
+                .. "e.g. %s=3", where, name, py_repr(value), option.most, name)
         end
         return tonumber(value)
     end
@@ -467,10 +578,14 @@ local function convert(option, value, where, previous)
         local seconds = parse_duration(value)
         if seconds == nil then
             return nil, string.format("%s: %s=%s: expected a duration such as 90s, 30m, "
-                .. "1h30m or 01:30:00", where, name, py_repr(value))
+                .. "1h30m or 01:30:00, at most 30 days", where, name, py_repr(value))
         end
         if seconds <= 0 then
             return nil, string.format("%s: %s must be longer than 0 s", where, name)
+        end
+        if seconds > option.most then
+            return nil, string.format("%s: %s=%s: at most 30 days (%d s)", where, name,
+                py_repr(value), option.most)
         end
         return seconds
     end
@@ -483,10 +598,7 @@ local function convert(option, value, where, previous)
         if problem then
             return nil, where .. ": " .. problem
         end
-        local list = {}
-        for _, item in ipairs(previous or {}) do
-            list[#list + 1] = item
-        end
+        local list = previous or {} -- appended in place: k directives cost k, not k^2
         list[#list + 1] = value
         return list
     end
@@ -543,9 +655,9 @@ end
 -- wrapper.directives.parse_script: the options by name, or nil and the message.
 -- Every line is split before any option is read, as there: a quoting error anywhere
 -- is reported first.
-local function parse_script(script)
+local function parse_script(header)
     local items = {}
-    for _, line in ipairs(header_lines(script, PREFIX)) do
+    for _, line in ipairs(header_lines(header, PREFIX)) do
         local number, text = line[1], line[2]
         local words, problem = shell_words(text)
         if words == nil then
@@ -560,9 +672,9 @@ local function parse_script(script)
 end
 
 -- Whether an #SBATCH line of the header says --no-requeue.
-local function sbatch_no_requeue(script)
+local function sbatch_no_requeue(header)
     local found = false
-    for _, line in ipairs(header_lines(script, "#SBATCH")) do
+    for _, line in ipairs(header_lines(header, "#SBATCH")) do
         for _, word in ipairs(shell_words(line[2]) or {}) do
             if word == "--no-requeue" then
                 found = true
@@ -583,14 +695,14 @@ local function is_unset16(value)
 end
 
 -- Requeue: the job's explicit choice wins; #JOBWRAP --no-requeue always does.
-local function decide_requeue(job_desc, options, script)
+local function decide_requeue(job_desc, options, header)
     if options["--no-requeue"] then
         return 0, "#JOBWRAP --no-requeue"
     end
     if not is_unset16(job_desc.requeue) then
         return nil, "the job's own --requeue/--no-requeue"
     end
-    if sbatch_no_requeue(script) then
+    if sbatch_no_requeue(header) then
         return 0, "#SBATCH --no-requeue"
     end
     local restarts = options["--max-restarts"]
@@ -638,7 +750,8 @@ local function submit(job_desc, submit_uid)
     if script == nil then
         return slurm.SUCCESS -- srun/salloc: no batch script, nothing of ours to check
     end
-    local options, given = parse_script(script)
+    local header = read_header(script)
+    local options, given = parse_script(header)
     if options == nil then
         slurm.log_info("jobwrap: refused a job of uid %s: %s", tostring(submit_uid), given)
         return refuse(given)
@@ -650,7 +763,7 @@ local function submit(job_desc, submit_uid)
         return refuse(string.format("#JOBWRAP line %d: --max-restarts=%s: this cluster "
             .. "allows at most %d restarts", where[1], py_repr(where[2]), limit))
     end
-    local requeue, why = decide_requeue(job_desc, options, script)
+    local requeue, why = decide_requeue(job_desc, options, header)
     if requeue ~= nil then
         job_desc.requeue = requeue
     end
