@@ -156,7 +156,10 @@ _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
 
 
 def parse_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol -o show ...`` record of ``Key=Value`` pairs.
+    """Parse one ``scontrol -o show node`` record of ``Key=Value`` pairs.
+
+    Only for records no ordinary user writes (nodes: Slurm and admins). A job record holds
+    the user's own text: read it with records.parse_job_text, never with this.
 
     Values may contain spaces (``Reason=jobwrap: ecc on gpu 1``): a value runs until the
     next `` Key=``.
