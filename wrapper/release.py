@@ -31,7 +31,11 @@ def release(job_id: str, cfg: Config, exclude: list[str], *, timeout: float = 12
             current = ""
         if current == "PENDING":
             sleep(cfg.restart.release_delay)
-            backend.release_now(job_id, exclude)
+            try:
+                backend.release_now(job_id, exclude)
+            except JobwrapError as exc:  # e.g. a host list no cluster has: say so, not crash
+                logger.error("release.failed", job_id=job_id, exclude=exclude, error=str(exc))
+                return False
             logger.info("release.done", job_id=job_id, exclude=exclude)
             return True
         if current not in ("COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", ""):

@@ -458,10 +458,11 @@ epilog_budget = 100
         return res.stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
-        from wrapper.slurm.parse import parse_record
+        from wrapper.config import SlurmConfig
+        from wrapper.slurm.commands import CliBackend
 
-        res = Runner(self.env()).run(["scontrol", "-o", "show", "job", job_id], timeout=10)
-        return parse_record(res.stdout.strip().splitlines()[0])
+        # jobwrap's own reader: a test job's --comment must not become its JobState
+        return CliBackend(SlurmConfig(), Runner(self.env())).job_info(job_id)
 
     def wait_job(self, job_id: str, *, states: Iterable[str] = TERMINAL_STATES,
                  timeout: float = 90) -> dict[str, str]:

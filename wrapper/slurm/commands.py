@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from wrapper.config import SlurmConfig
 from wrapper.errors import CommandError, SlurmError
 from wrapper.runner import Runner
 from wrapper.slurm.parse import expand_hostlist, parse_record
+from wrapper.slurm.records import AmbiguousJobName, from_json_job, from_json_node, parse_job_text
 
 DRAIN_PREFIX = "jobwrap:"
 _JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]+)?$")
@@ -42,6 +44,7 @@ class CliBackend:
     def __init__(self, config: SlurmConfig, runner: Runner | None = None) -> None:
         self.config = config
         self.runner = runner or Runner()
+        self.json_supported: bool | None = None  # found out on the first record read
 
     def _scontrol(self, *args: str, input: str | None = None) -> str:
         argv = [self.config.scontrol_command, *args]
@@ -59,15 +62,63 @@ class CliBackend:
         """The job's batch script (root or the job's owner only)."""
         return self._scontrol("write", "batch_script", _job_id(job_id), "-")
 
+    def _json(self, *args: str) -> dict[str, object] | None:
+        """``scontrol --json ARGS`` parsed, or None where this scontrol has no --json."""
+        if self.json_supported is False:
+            return None
+        argv = [self.config.scontrol_command, "--json", *args]
+        try:
+            res = self.runner.run(argv, timeout=self.config.command_timeout, check=False)
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+        if res.returncode != 0 and "unrecognized option" in res.stderr:
+            self.json_supported = False  # Slurm before 23.02: read the text form
+            return None
+        if res.returncode != 0:
+            raise SlurmError(f"command {' '.join(argv)!r} failed: {res.stderr.strip()}")
+        self.json_supported = True
+        try:
+            data = json.loads(res.stdout)
+        except ValueError as exc:
+            raise SlurmError(f"{' '.join(argv)!r} printed no JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise SlurmError(f"{' '.join(argv)!r} printed no JSON object")
+        return data
+
     def job_info(self, job_id: str) -> dict[str, str]:
-        out = self._scontrol("-o", "show", "job", _job_id(job_id))
-        line = next((ln for ln in out.splitlines() if ln.strip()), "")
-        if not line:
+        """Slurm's record of a job, as the fields ``scontrol show job`` prints.
+
+        Read structured (``--json``) where scontrol can, else from the text form by
+        records.parse_job_text, in which text a user wrote never becomes a field.
+        """
+        job = _job_id(job_id)
+        data = self._json("show", "job", job)
+        if data is not None:
+            return from_json_job(data)
+        out = self._scontrol("-o", "show", "job", job)
+        if not out.strip():
             raise SlurmError(f"scontrol show job {job_id} printed nothing")
-        return parse_record(line)
+        try:
+            return parse_job_text(out)
+        except AmbiguousJobName:
+            return parse_job_text(out, name=self._job_name(job))
+
+    def _job_name(self, job_id: str) -> str:
+        """The job's name alone (squeue prints nothing else), to split a record whose name
+        holds ``UserId=``."""
+        argv = [self.config.squeue_command, "-h", "-t", "all", "-j", job_id, "-o", "%j"]
+        try:
+            out = self.runner.run(argv, timeout=self.config.command_timeout).stdout
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+        return out[:-1] if out.endswith("\n") else out
 
     def node_info(self, node: str) -> dict[str, str]:
-        out = self._scontrol("-o", "show", "node", _node(node))
+        name = _node(node)
+        data = self._json("show", "node", name)
+        if data is not None:
+            return from_json_node(data)
+        out = self._scontrol("-o", "show", "node", name)
         line = next((ln for ln in out.splitlines() if ln.strip()), "")
         if not line:
             raise SlurmError(f"scontrol show node {node} printed nothing")

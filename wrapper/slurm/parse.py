@@ -4,20 +4,43 @@ from __future__ import annotations
 
 import re
 
+from wrapper.errors import SlurmError
+
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
+MAX_HOSTS = 65_536  # more names than any cluster has: a larger list is not Slurm's
+MAX_DIGITS = 9  # digits in one range bound (node999999999)
+MAX_INDICES = 4096  # GPU indices in one list
 
-def expand_hostlist(text: str) -> list[str]:
+
+class HostlistError(SlurmError, ValueError):
+    """A host list that is malformed or names more hosts than jobwrap will expand."""
+
+
+def expand_hostlist(text: str, *, max_hosts: int = MAX_HOSTS) -> list[str]:
     """Expand a Slurm host list: ``n[1-3,7],gpu-a[01-02]`` -> n1 n2 n3 n7 gpu-a01 gpu-a02.
 
     Handles several bracket groups in one name (``r[1-2]n[1-2]``) and keeps zero padding.
-    Raises ValueError on unbalanced brackets or a bad range.
+    Bounded: the number of names is counted before any is built, so ``n[0-99999999999]``
+    is refused at once (HostlistError, a ValueError) instead of filling the memory.
+    Raises HostlistError on unbalanced brackets, a bad range, a bound of more than
+    MAX_DIGITS digits, or more than ``max_hosts`` names.
     """
+    items = [item for item in _split_top_level(text.strip()) if item]
+    total = 0
+    for item in items:
+        total += _count_one(item)
+        if total > max_hosts:
+            raise HostlistError(f"host list {_short(text)} names more than {max_hosts} hosts; "
+                                "jobwrap expands at most that many (is it a real node list?)")
     names: list[str] = []
-    for item in _split_top_level(text.strip()):
-        if item:
-            names.extend(_expand_one(item))
+    for item in items:
+        names.extend(_expand_one(item))
     return names
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -27,41 +50,77 @@ def _split_top_level(text: str) -> list[str]:
     for ch in text:
         if ch == "[":
             depth += 1
+            if depth > 1:
+                raise HostlistError(f"nested '[' in host list {_short(text)}")
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise ValueError(f"unbalanced ']' in host list {text!r}")
+                raise HostlistError(f"unbalanced ']' in host list {_short(text)}")
         if ch == "," and depth == 0:
             parts.append("".join(current))
             current = []
         else:
             current.append(ch)
     if depth != 0:
-        raise ValueError(f"unbalanced '[' in host list {text!r}")
+        raise HostlistError(f"unbalanced '[' in host list {_short(text)}")
     parts.append("".join(current))
     return parts
 
 
-def _expand_one(item: str) -> list[str]:
-    start = item.find("[")
-    if start < 0:
-        return [item]
-    end = item.index("]", start)
-    prefix, body, suffix = item[:start], item[start + 1:end], item[end + 1:]
-    tails = _expand_one(suffix) if suffix else [""]
+def _ranges(item: str, body: str) -> list[tuple[int, int, int]]:
+    """The (lo, hi, zero-pad width) of each piece of one bracket group, checked."""
     out = []
     for piece in body.split(","):
         match = _RANGE.match(piece)
         if not match:
-            raise ValueError(f"bad range {piece!r} in host list entry {item!r}")
+            raise HostlistError(f"bad range {_short(piece)} in host list entry {_short(item)}")
         lo_text, hi_text = match.group(1), match.group(2) or match.group(1)
+        if max(len(lo_text), len(hi_text)) > MAX_DIGITS:
+            raise HostlistError(f"range {_short(piece)} in host list entry {_short(item)} has "
+                                f"a bound of more than {MAX_DIGITS} digits")
         lo, hi = int(lo_text), int(hi_text)
         if hi < lo:
-            raise ValueError(f"descending range {piece!r} in host list entry {item!r}")
-        width = len(lo_text) if lo_text.startswith("0") else 0
-        for n in range(lo, hi + 1):
-            for tail in tails:
-                out.append(f"{prefix}{n:0{width}d}{tail}")
+            raise HostlistError(f"descending range {_short(piece)} in host list entry "
+                                f"{_short(item)}")
+        out.append((lo, hi, len(lo_text) if lo_text.startswith("0") else 0))
+    return out
+
+
+def _groups(item: str) -> tuple[list[str], list[list[tuple[int, int, int]]]]:
+    """Split ``r[1-2]n[1-2]x`` into literal parts ["r", "n", "x"] and the bracket groups."""
+    literals: list[str] = []
+    groups: list[list[tuple[int, int, int]]] = []
+    rest = item
+    while True:
+        start = rest.find("[")
+        if start < 0:
+            if "]" in rest:
+                raise HostlistError(f"unbalanced ']' in host list entry {_short(item)}")
+            literals.append(rest)
+            return literals, groups
+        end = rest.find("]", start)
+        if end < 0:
+            raise HostlistError(f"unbalanced '[' in host list entry {_short(item)}")
+        literals.append(rest[:start])
+        groups.append(_ranges(item, rest[start + 1:end]))
+        rest = rest[end + 1:]
+
+
+def _count_one(item: str) -> int:
+    count = 1
+    for group in _groups(item)[1]:
+        count *= sum(hi - lo + 1 for lo, hi, _ in group)
+        if count > MAX_HOSTS:  # stop multiplying early: r[..]n[..]x[..] stays small
+            return count
+    return count
+
+
+def _expand_one(item: str) -> list[str]:
+    literals, groups = _groups(item)
+    out = [literals[0]]
+    for literal, group in zip(literals[1:], groups, strict=True):
+        out = [f"{head}{n:0{width}d}{literal}" for head in out
+               for lo, hi, width in group for n in range(lo, hi + 1)]
     return out
 
 
@@ -87,6 +146,8 @@ def parse_index_list(text: str) -> list[int]:
         if not match:
             raise ValueError(f"bad index {piece!r} in {text!r}")
         lo, hi = int(match.group(1)), int(match.group(2) or match.group(1))
+        if len(match.group(0)) > 2 * MAX_DIGITS + 1 or hi - lo >= MAX_INDICES - len(out):
+            raise ValueError(f"index list {_short(text)} names more than {MAX_INDICES} indices")
         out.extend(range(lo, hi + 1))
     return out
 
@@ -95,7 +156,10 @@ _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
 
 
 def parse_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol -o show ...`` record of ``Key=Value`` pairs.
+    """Parse one ``scontrol -o show node`` record of ``Key=Value`` pairs.
+
+    Only for records no ordinary user writes (nodes: Slurm and admins). A job record holds
+    the user's own text: read it with records.parse_job_text, never with this.
 
     Values may contain spaces (``Reason=jobwrap: ecc on gpu 1``): a value runs until the
     next `` Key=``.

@@ -1,0 +1,166 @@
+"""Slurm records with hostile user text, and host lists, read with bounds (issue 12 item 4).
+
+Records are built as Slurm 22.05's ``scontrol -o show job`` prints them (taken from the
+sandbox), with the user's text from hypothesis made of Slurm's own field names, ``=``,
+blanks, newlines and brackets: Slurm's real fields must come back exactly as printed.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wrapper.errors import SlurmError
+from wrapper.slurm.parse import MAX_HOSTS, HostlistError, expand_hostlist
+from wrapper.slurm.records import (
+    AmbiguousJobName,
+    SlurmJob,
+    from_json_job,
+    from_json_node,
+    parse_job_text,
+)
+
+MIDDLE = [("UserId", "jwtest(1001)"), ("GroupId", "jwtest(1001)"), ("MCS_label", "N/A"),
+          ("Priority", "4294901759"), ("Nice", "0"), ("Account", "(null)"), ("QOS", "(null)"),
+          ("JobState", "FAILED"), ("Reason", "NonZeroExitCode"), ("Dependency", "(null)"),
+          ("Requeue", "1"), ("Restarts", "0"), ("BatchFlag", "1"), ("Reboot", "0"),
+          ("ExitCode", "1:0"), ("RunTime", "00:00:01"), ("TimeLimit", "UNLIMITED"),
+          ("StartTime", "2026-12-03T09:15:32"), ("Partition", "debug"),
+          ("AllocNode:Sid", "localhost:7270"), ("ReqNodeList", "(null)"),
+          ("ExcNodeList", "(null)"), ("NodeList", "n1"), ("BatchHost", "n1"),
+          ("TRES", "cpu=1,node=1,billing=1"), ("Features", "(null)"),
+          ("Licenses", "(null)")]
+WORDS = ["JobState=NODE_FAIL", "ExcNodeList=n[0-99999999999]", "UserId=root(0)", "=", " ",
+         "\n", "\n   ", "[", "]", "Reason=NodeDown", "Requeue=0", "Restarts=9",
+         "ExitCode=0:0", "Command=/x", "WorkDir=/y", "Comment=", "StdOut=/z", "StdErr=",
+         "StdIn=", "JobName=", "JobId=7", "Network=", "Power=", "x", "\t"]
+hostile = st.lists(st.sampled_from(WORDS), max_size=12).map("".join)
+
+
+def record(name: str, *, network: str = "(null)", workdir: str = "/w", comment: str | None,
+           stdout: str = "/w/slurm-7.out") -> str:
+    parts = ["JobId=7", f"JobName={name}", *(f"{k}={v}" for k, v in MIDDLE),
+             f"Network={network}", "Command=/w/job.sh", f"WorkDir={workdir}"]
+    if comment is not None:
+        parts.append(f"Comment={comment} ")
+    parts += [f"StdErr={stdout}", "StdIn=/dev/null", f"StdOut={stdout}", "Power=", "\n"]
+    return " ".join(parts)
+
+
+def read(line: str, name: str) -> dict[str, str]:
+    """As the backend does: the name is asked for only when the record needs it."""
+    try:
+        return parse_job_text(line)
+    except AmbiguousJobName:
+        return parse_job_text(line, name=name)
+
+
+@settings(max_examples=400)
+@given(name=hostile, network=hostile, comment=st.one_of(st.none(), hostile))
+def test_user_text_never_becomes_a_field(name: str, network: str, comment: str | None) -> None:
+    got = read(record(name, network=network, comment=comment), name)
+    for key, value in MIDDLE:
+        assert got[key] == value, (key, got)
+    assert got["JobId"] == "7" and got["JobName"] == name
+    job = SlurmJob.of(got)
+    assert (job.state, job.exit_code, job.requeue, job.restarts, job.excluded) == \
+        ("FAILED", 1, True, 0, "")
+
+
+@settings(max_examples=300)
+@given(comment=hostile)
+def test_a_comment_stays_a_comment(comment: str) -> None:
+    got = read(record("train", comment=comment), "train")
+    assert got["Comment"].strip(" ") == comment.strip(" ") or "StdErr=" in comment \
+        or "StdIn=" in comment or "StdOut=" in comment or "Power=" in comment
+    assert got["StdOut"] == "/w/slurm-7.out" or "StdOut=" in comment or "Power=" in comment
+
+
+def test_the_reported_attack() -> None:
+    comment = "x JobState=NODE_FAIL ExcNodeList=n[0-99999999999]"
+    got = read(record("job.sh", comment=comment), "job.sh")
+    assert (got["JobState"], got["ExcNodeList"], got["Comment"]) == ("FAILED", "(null)",
+                                                                    comment)
+    assert got["WorkDir"] == "/w" and got["StdOut"] == "/w/slurm-7.out"
+
+
+def test_a_name_holding_userid_needs_the_name_and_must_match_it() -> None:
+    name = "x UserId=root(0) JobState=NODE_FAIL"
+    line = record(name, comment=None)
+    with pytest.raises(AmbiguousJobName):
+        parse_job_text(line)
+    assert parse_job_text(line, name=name)["JobState"] == "FAILED"
+    with pytest.raises(SlurmError, match="does not match its name"):
+        parse_job_text(line, name="y")
+    with pytest.raises(SlurmError, match="JobId"):
+        parse_job_text("garbage JobState=NODE_FAIL")
+
+
+def test_array_head_fields() -> None:
+    line = record("a", comment=None).replace("JobId=7 ", "JobId=7 ArrayJobId=5 ArrayTaskId=2 ")
+    got = parse_job_text(line)
+    assert (got["ArrayJobId"], got["ArrayTaskId"], got["JobName"]) == ("5", "2", "a")
+
+
+def test_json_job_of_new_and_old_slurm() -> None:
+    new = {"jobs": [{"job_id": 7, "name": "x JobState=NODE_FAIL", "user_name": "u",
+                     "user_id": 1001, "job_state": ["FAILED", "COMPLETING"],
+                     "state_reason": "NonZeroExitCode", "requeue": True, "restart_cnt": 2,
+                     "exit_code": {"status": ["NONZERO"], "return_code": {"set": True,
+                                                                        "number": 3},
+                                   "signal": {"id": {"set": False, "number": 0}}},
+                     "time_limit": {"set": True, "infinite": False, "number": 90},
+                     "start_time": {"set": True, "number": 0}, "excluded_nodes": "",
+                     "nodes": "n[1-2]", "comment": "ExcNodeList=n[0-9]",
+                     "stdout_expanded": "/w/7.out", "standard_output": "/w/%j.out",
+                     "current_working_directory": "/w", "array_job_id": {"set": True,
+                                                                         "number": 0}}]}
+    got = from_json_job(new)
+    assert got["JobState"] == "COMPLETING" and got["ExcNodeList"] == "(null)"
+    assert (got["ExitCode"], got["Requeue"], got["Restarts"]) == ("3:0", "1", "2")
+    assert (got["TimeLimit"], got["StartTime"], got["StdOut"]) == ("01:30:00", "Unknown",
+                                                                  "/w/7.out")
+    assert "ArrayJobId" not in got
+    old = {"jobs": [{"job_id": 8, "job_state": "FAILED", "exit_code": 256, "requeue": False,
+                     "time_limit": 1500, "array_job_id": 5, "array_task_id": 1}]}
+    got = from_json_job(old)
+    assert (got["JobState"], got["ExitCode"], got["Requeue"], got["TimeLimit"]) == \
+        ("FAILED", "1:0", "0", "1-01:00:00")
+    assert (got["ArrayJobId"], got["ArrayTaskId"]) == ("5", "1")
+    with pytest.raises(SlurmError):
+        from_json_job({"jobs": []})
+
+
+def test_json_node() -> None:
+    got = from_json_node({"nodes": [{"name": "n1", "state": ["IDLE", "DRAIN"], "gres": "gpu:4",
+                                     "reason": "jobwrap: ecc"}]})
+    assert got == {"NodeName": "n1", "State": "IDLE+DRAIN", "Gres": "gpu:4",
+                   "Reason": "jobwrap: ecc", "Partitions": ""}
+
+
+# -- host lists -----------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "why"), [
+    ("n[0-99999999999]", "more than 9 digits"),
+    ("n[0-70000]", f"more than {MAX_HOSTS} hosts"),
+    ("r[1-300]n[1-300]", f"more than {MAX_HOSTS} hosts"),
+    (",".join(f"a[1-{MAX_HOSTS // 2}]" for _ in range(3)), f"more than {MAX_HOSTS} hosts"),
+    ("n[[1-2]]", "nested"),
+])
+def test_huge_or_bad_host_lists_are_refused_clearly(text: str, why: str) -> None:
+    with pytest.raises(HostlistError, match=why):
+        expand_hostlist(text)
+
+
+@settings(max_examples=400)
+@given(st.lists(st.sampled_from(["n", "gpu-", "[", "]", ",", "-", "0", "1", "9", "05",
+                                 "99999999999", "70000", "x"]), max_size=16).map("".join))
+def test_any_host_list_is_a_bounded_list_or_a_clear_error(text: str) -> None:
+    try:
+        names = expand_hostlist(text)
+    except HostlistError as exc:
+        assert str(exc) and "Traceback" not in str(exc)
+        assert isinstance(exc, ValueError) and isinstance(exc, SlurmError)
+        return
+    assert len(names) <= MAX_HOSTS
+    assert all(name and "[" not in name and "]" not in name for name in names)

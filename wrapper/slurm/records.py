@@ -1,0 +1,280 @@
+"""Slurm's job and node records, read so that text a user wrote can never become a field.
+
+A job record mixes Slurm's own facts (JobState, Reason, ExitCode, Requeue, ExcNodeList...)
+with text any user chooses (``--job-name``, ``--comment``, ``--chdir``, ``--output``,
+``--network``, ``--mail-user``...), and Slurm prints that text raw: spaces, ``Key=``,
+newlines and all. A reader that splits on every `` Key=`` lets
+``--comment='x JobState=NODE_FAIL'`` override the real JobState. Two readers here:
+
+1. **JSON** (``scontrol --json show job|node``, Slurm 23.02 and later; Debian 12's 22.05
+   has no ``--json`` in scontrol, and its ``squeue --json`` ignores ``-j`` and dumps every
+   job). Structured: ``from_json_job``/``from_json_node`` map the fields jobwrap uses
+   onto the names and text forms ``scontrol show`` prints, so the rest of jobwrap reads
+   one shape whichever reader ran.
+
+2. **Text** (``scontrol -o show job``), where ``parse_job_text`` uses what Slurm's
+   printer (``slurm_sprint_job_info``) guarantees about *where* user text can be:
+
+   - head: ``JobId=N`` and Slurm's numeric array/het fields, then ``JobName=`` (user
+     text) up to `` UserId=``. When ``UserId=`` appears once in the whole record that is
+     the real one; when the name (or later text) contains it too, the record cannot be
+     split from the text alone, and the caller must pass the exact name, read on its own
+     (``squeue -o %j``): the record must then read ``...JobName=<name> UserId=``.
+   - middle: from ``UserId=`` to the first free-text key (``Network``, ``Command``...):
+     only Slurm's own values, none with whitespace (Slurm writes a Reason's blanks as
+     ``_``), so it is split on whitespace into ``Key=Value`` tokens. Every field root
+     decides from lives here, so no user text can reach them.
+   - tail: the free-text fields (TAIL_ORDER). Each value runs to the next of these keys
+     *that Slurm prints after it*, found from the right, so text inside ``Comment`` or
+     ``WorkDir`` never yields an earlier key, and Slurm's own trailing fields (StdErr,
+     StdIn, StdOut, Power) anchor the end. Text alone cannot tell an absent optional
+     field from one spelled inside its neighbour (a ``WorkDir`` holding `` Comment=x``),
+     so tail fields can only be confused with each other: the same user's paths and
+     text, which root uses with that user's rights and never for a decision.
+
+``SlurmJob`` is the typed view of a record (state, reason, exit, requeue, restarts...).
+Node records are written by Slurm and admins only (``parse_record`` in parse.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from wrapper.errors import SlurmError
+from wrapper.slurm.parse import parse_exit_pair
+
+HEAD_KEYS = ("ArrayJobId", "ArrayTaskId", "ArrayTaskThrottle", "HetJobId", "HetJobOffset",
+             "HetJobIdSet")
+# The fields Slurm prints after the fixed ones, in its order (22.05-25.11); all may carry
+# text a user chose, or follow one that does.
+TAIL_ORDER = ("Network", "Command", "WorkDir", "AdminComment", "SystemComment", "Comment",
+              "Extra", "StdErr", "StdIn", "StdOut", "BurstBuffer", "BurstBufferState",
+              "CpusPerTres", "MemPerTres", "TresBind", "TresFreq", "TresPerJob",
+              "TresPerNode", "TresPerSocket", "TresPerTask", "MailUser", "MailType",
+              "Container", "ContainerID", "Power", "NtasksPerTRES")
+FREE_TEXT = frozenset({"JobName", *TAIL_ORDER})
+_HEAD_KEY = "|".join(HEAD_KEYS)
+_HEAD = re.compile(rf"JobId=(\d+)((?: (?:{_HEAD_KEY})=[0-9A-Za-z_,\-%\[\]]*)*) JobName=")
+
+
+class AmbiguousJobName(SlurmError):
+    """The job's name contains `` UserId=``: read the name on its own and parse again."""
+
+
+def parse_job_text(line: str, *, name: str | None = None) -> dict[str, str]:
+    """Parse one ``scontrol -o show job`` record (see the module docstring)."""
+    line = line.rstrip("\n")
+    head = _HEAD.match(line)
+    if not head:
+        raise SlurmError(f"scontrol show job printed no JobId=... JobName= record: "
+                         f"{line[:80]!r}")
+    record = {"JobId": head.group(1)}
+    for token in head.group(2).split():
+        key, _, value = token.partition("=")
+        record[key] = value
+    rest = line[head.end():]
+    if name is None:
+        found = list(re.finditer(r"\sUserId=", rest))
+        if len(found) != 1:
+            raise AmbiguousJobName(f"job {record['JobId']}: its name or text holds 'UserId='")
+        at = found[0]
+        record["JobName"], rest = rest[:at.start()], rest[at.start():].lstrip()
+    else:
+        if not (rest.startswith(name) and rest[len(name):len(name) + 8] == " UserId="):
+            raise SlurmError(f"job {record['JobId']}: the record does not match its name "
+                             f"{name[:80]!r}; not reading it")
+        record["JobName"], rest = name, rest[len(name) + 1:]
+    middle, tail = _split_middle(rest)
+    for token in middle.split():
+        key, eq, value = token.partition("=")
+        if eq and key not in record and key not in FREE_TEXT:
+            record[key] = value
+    record.update(_parse_tail(tail))
+    return record
+
+
+_TAIL_KEY = "|".join(TAIL_ORDER)
+_TAIL_START = re.compile(rf"(?:^|\s)(?:{_TAIL_KEY})=")
+
+
+def _split_middle(rest: str) -> tuple[str, str]:
+    match = _TAIL_START.search(rest)
+    if not match:
+        return rest, ""
+    return rest[:match.start()], rest[match.start():].lstrip()
+
+
+def _parse_tail(tail: str) -> dict[str, str]:
+    """Free-text fields, each up to the next key Slurm prints after it, from the right."""
+    out: dict[str, str] = {}
+    end = len(tail)
+    for key in reversed(TAIL_ORDER):
+        if tail.startswith(f"{key}="):
+            pos, start = 0, len(key) + 1
+        else:
+            pos = tail.rfind(f" {key}=", 0, end)
+            start = pos + len(key) + 2
+        if pos < 0 or start > end:
+            continue
+        out[key] = tail[start:end].strip(" ")
+        end = pos
+        if pos == 0:
+            break
+    return out
+
+
+# -- JSON ----------------------------------------------------------------------------------
+_FLAG_STATES = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED",
+                "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED",
+                "RESV_DEL_HOLD", "SIGNALING")
+
+
+def _number(value: Any) -> int | None:
+    """Slurm's numbers: plain, or ``{"set": true, "infinite": false, "number": 5}``."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def _state(value: Any) -> str:
+    """JobState as scontrol prints it: a flag such as COMPLETING wins over the base state."""
+    states = [str(s).upper() for s in (value if isinstance(value, list) else [value]) if s]
+    for flag in _FLAG_STATES:
+        if flag in states:
+            return flag
+    return states[0] if states else ""
+
+
+def _time(value: Any) -> str:
+    stamp = _number(value)
+    return datetime.fromtimestamp(stamp).isoformat() if stamp else "Unknown"
+
+
+def _minutes(value: Any) -> str:
+    if isinstance(value, dict) and value.get("infinite"):
+        return "UNLIMITED"
+    minutes = _number(value)
+    if minutes is None:
+        return "UNLIMITED"
+    days, rest = divmod(minutes, 24 * 60)
+    return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00" if days else \
+        f"{rest // 60:02d}:{rest % 60:02d}:00"
+
+
+def _exit(value: Any) -> str:
+    if isinstance(value, dict):  # data_parser 0.0.39+: {"return_code": ..., "signal": ...}
+        code = _number(value.get("return_code")) or 0
+        signal = value.get("signal") or {}
+        sig = _number(signal.get("id")) if isinstance(signal, dict) else None
+        return f"{code}:{sig or 0}"
+    status = _number(value)  # openapi 0.0.38: a wait status
+    return f"{(status >> 8) & 0xFF}:{status & 0x7F}" if status is not None else ""
+
+
+def _text(value: Any, empty: str = "") -> str:
+    return str(value) if value not in (None, "") else empty
+
+
+def from_json_job(data: Mapping[str, Any]) -> dict[str, str]:
+    """One job of ``scontrol --json show job`` as the fields ``scontrol show job`` prints."""
+    jobs = data.get("jobs")
+    if not isinstance(jobs, list) or not jobs or not isinstance(jobs[0], dict):
+        raise SlurmError("scontrol --json show job printed no job")
+    job = jobs[0]
+    out = {
+        "JobId": _text(_number(job.get("job_id"))),
+        "JobName": _text(job.get("name")),
+        "UserId": f"{_text(job.get('user_name'))}({_text(_number(job.get('user_id')))})",
+        "JobState": _state(job.get("job_state")),
+        "Reason": _text(job.get("state_reason"), "None"),
+        "Requeue": "1" if job.get("requeue") else "0",
+        "Restarts": _text(_number(job.get("restart_cnt")), "0"),
+        "ExitCode": _exit(job.get("exit_code")),
+        "TimeLimit": _minutes(job.get("time_limit")),
+        "StartTime": _time(job.get("start_time")),
+        "EndTime": _time(job.get("end_time")),
+        "SubmitTime": _time(job.get("submit_time")),
+        "Partition": _text(job.get("partition")),
+        "NodeList": _text(job.get("nodes")),
+        "BatchHost": _text(job.get("batch_host")),
+        "ExcNodeList": _text(job.get("excluded_nodes"), "(null)"),
+        "Account": _text(job.get("account"), "(null)"),
+        "Command": _text(job.get("command")),
+        "WorkDir": _text(job.get("current_working_directory")),
+        "Comment": _text(job.get("comment")),
+        "StdOut": _text(job.get("stdout_expanded") or job.get("standard_output")),
+        "StdErr": _text(job.get("stderr_expanded") or job.get("standard_error")),
+        "StdIn": _text(job.get("stdin_expanded") or job.get("standard_input")),
+    }
+    array_job = _number(job.get("array_job_id"))
+    if array_job:
+        out["ArrayJobId"] = str(array_job)
+        out["ArrayTaskId"] = _text(_number(job.get("array_task_id")),
+                                   _text(job.get("array_task_string")))
+    return out
+
+
+def from_json_node(data: Mapping[str, Any]) -> dict[str, str]:
+    """One node of ``scontrol --json show node`` as the fields ``scontrol show node`` prints."""
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list) or not nodes or not isinstance(nodes[0], dict):
+        raise SlurmError("scontrol --json show node printed no node")
+    node = nodes[0]
+    state = node.get("state")
+    states = [str(s).upper() for s in (state if isinstance(state, list) else [state]) if s]
+    states += [str(s).upper() for s in node.get("state_flags") or [] if str(s).upper()
+               not in states]
+    return {"NodeName": _text(node.get("name")), "State": "+".join(states),
+            "Gres": _text(node.get("gres")), "Reason": _text(node.get("reason")),
+            "Partitions": ",".join(str(p) for p in node.get("partitions") or [])}
+
+
+# -- the typed view ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SlurmJob:
+    """The facts of a job record that jobwrap decides from, typed."""
+
+    job_id: str
+    state: str
+    reason: str
+    requeue: bool | None
+    restarts: int
+    exit_code: int | None
+    exit_signal: int | None
+    nodes: str
+    excluded: str
+    work_dir: str
+    stdout: str
+    stderr: str
+
+    @classmethod
+    def of(cls, fields: Mapping[str, str]) -> SlurmJob:
+        requeue = fields.get("Requeue")
+        code: int | None
+        sig: int | None
+        try:
+            code, sig = parse_exit_pair(fields.get("ExitCode", ""))
+        except ValueError:
+            code = sig = None
+        restarts = fields.get("Restarts", "0")
+        return cls(job_id=fields.get("JobId", ""), state=fields.get("JobState", ""),
+                   reason=fields.get("Reason", ""),
+                   requeue=None if requeue not in ("0", "1") else requeue == "1",
+                   restarts=int(restarts) if restarts.isdigit() and len(restarts) < 10 else 0,
+                   exit_code=code, exit_signal=sig,
+                   nodes=_null(fields.get("NodeList", "")),
+                   excluded=_null(fields.get("ExcNodeList", "")),
+                   work_dir=fields.get("WorkDir", ""), stdout=fields.get("StdOut", ""),
+                   stderr=fields.get("StdErr", ""))
+
+
+def _null(text: str) -> str:
+    return "" if text == "(null)" else text
