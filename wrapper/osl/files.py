@@ -17,6 +17,7 @@ import fcntl
 import os
 import secrets
 import stat
+import struct
 import time
 from pathlib import Path
 from typing import Literal
@@ -235,3 +236,31 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_UNDEFINED_ID = 0xFFFFFFFF
+# struct posix_acl_xattr_entry tags (linux/posix_acl_xattr.h)
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+
+
+def acl_bytes(uid: int, user_perm: int, mode: int) -> bytes:
+    """A POSIX access ACL: ``mode`` for owner/group/other, plus ``user_perm`` for ``uid``."""
+    owner, group, other = (mode >> 6) & 7, (mode >> 3) & 7, mode & 7
+    entries = [(_ACL_USER_OBJ, owner, _ACL_UNDEFINED_ID), (_ACL_USER, user_perm, uid),
+               (_ACL_GROUP_OBJ, group, _ACL_UNDEFINED_ID),
+               (_ACL_MASK, user_perm | group, _ACL_UNDEFINED_ID),
+               (_ACL_OTHER, other, _ACL_UNDEFINED_ID)]
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def grant_read(fd: int, uid: int, *, is_dir: bool = False) -> bool:
+    """Let ``uid`` alone read an open root-owned file (or list a folder) through a POSIX
+    ACL, the group and others keeping what the mode says; False where ACLs are not
+    supported (the file then stays root's only)."""
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    try:
+        os.setxattr(fd, _ACL_XATTR, acl_bytes(uid, 5 if is_dir else 4, mode))
+    except OSError:
+        return False
+    return True
