@@ -108,3 +108,15 @@ def test_a_torn_last_line_is_skipped_not_fatal(tmp_path: Path) -> None:
     with open(state.path / ROOT_EVENTS, "a") as handle:
         handle.write('{"event": "cut')
     assert [e["event"] for e in state.events()] == ["ok"]
+
+
+def test_only_the_capped_tail_of_the_user_file_is_read(tmp_path: Path) -> None:
+    state = JobState(tmp_path / "state", "11", user_events_max=4096)
+    state.prepare(None, None)
+    with (state.path / USER_EVENTS).open("a") as handle:
+        handle.write('{"ts": 1, "event": "old"}\n')
+        handle.write('{"ts": 2, "event": "filler"}\n' * 1000)
+        handle.write('{"ts": 3, "event": "new"}\n')
+    seen = [e["event"] for e in state.events()]
+    assert "old" not in seen and seen[-1] == "new"
+    assert len(seen) < 4096 // 20
