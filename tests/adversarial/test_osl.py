@@ -11,15 +11,26 @@ import json
 import os
 import pwd
 import resource
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.adversarial.conftest import as_user, run_as_slurmd, slurmd_env
+from tests.adversarial.conftest import run_as_slurmd, slurmd_env
 from wrapper.osl.users import UserIds
 from wrapper.sandbox.cluster import Cluster
 from wrapper.state import USER_EVENTS, JobState
+
+
+def as_user(cluster: Cluster, user: str, argv: list[str], *,
+            timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``argv`` run by ``user`` (conftest's helper finds no runuser on a bare PATH)."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "SLURM_CONF": str(cluster.conf),
+           "HOME": pwd.getpwnam(user).pw_dir, "LANG": "C.UTF-8"}
+    runuser = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin") or "runuser"
+    return subprocess.run([runuser, "-u", user, "--", *argv], env=env, cwd="/",
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def _log_offset(cluster: Cluster) -> int:
