@@ -129,6 +129,9 @@ class HooksConfig(Section):
                                 "PrologEpilogTimeout.", positive=True)
     epilog_budget: float = _opt(120.0, "Seconds the epilog may take; keep below Slurm's "
                                 "PrologEpilogTimeout.", positive=True)
+    user_events_max: int = _opt(1048576, "Bytes a job's user-writable event file "
+                                "(user-events.jsonl) may hold; appends past it are dropped "
+                                "and only its last this-many bytes are read.", positive=True)
 
 
 class GpuConfig(Section):

@@ -1,39 +1,55 @@
 """Per-job state: ``<state_dir>/jobs/<jobid>/``, append-only JSON-lines event records.
 
 Two files, so that what root wrote can always be told from what the job's user wrote:
-``events.jsonl`` (root's hooks and the supervisor; owned by root) and
-``user-events.jsonl`` (hooks that run as the job user, such as task-prolog; created by
-the prolog and owned by that user). Each event is one line written with a single
-``write`` on an O_APPEND descriptor under an exclusive lock, then fsynced, so
-concurrent writers (two nodes' hooks, several tasks) never interleave or tear a line.
-Nothing in the job directory is ever opened through a symlink.
+``events.jsonl`` (root's hooks; owned by root) and ``user-events.jsonl`` (hooks that run
+as the job user, such as task-prolog and the supervisor; created by the prolog and owned
+by that user). Each event is one line written with a single ``write`` on an O_APPEND
+descriptor under an exclusive lock, then fsynced, so concurrent writers never tear a line.
+
+Safety (all through ``wrapper.osl.files``): folders are 0711 and root's; every file is
+0600, root's files readable by the job's user through a POSIX ACL (where the file system
+has them), so a user sharing the job user's group reads nothing. Nothing is opened
+through a symlink or blocks on a FIFO. The user's file is capped (``[hooks]
+user_events_max``): an append past the cap is dropped with one log line, and only its
+last ``user_events_max`` bytes are ever read. A job id reused by another user finds the
+old job's folder moved aside. Every OS error (a full disk) is a StateError.
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 import re
+import secrets
+import shutil
 import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wrapper.errors import StateError
+from wrapper.osl import files
+
+if TYPE_CHECKING:
+    from wrapper.config import Config
 
 ROOT_EVENTS = "events.jsonl"
 USER_EVENTS = "user-events.jsonl"
+USER_EVENTS_MAX = 1 << 20  # the default of [hooks] user_events_max
+ROOT_EVENTS_MAX = 64 << 20  # root's own file: bounded too, never read whole past this
+DIR_MODE, FILE_MODE = 0o711, 0o600
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
-_OPEN_APPEND = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_warned_full: set[str] = set()
 
 
 @dataclass(frozen=True)
 class JobState:
     state_dir: Path
     job_id: str
+    user_events_max: int = USER_EVENTS_MAX
 
     def __post_init__(self) -> None:
         if not _JOB_ID.match(self.job_id):
@@ -50,31 +66,69 @@ class JobState:
         Safe when several nodes' prologs share one state_dir and race: every step
         tolerates the other having done it, and checks what it finds.
         """
-        jobs = self.state_dir / "jobs"
         try:
             os.makedirs(self.state_dir.parent, 0o755, exist_ok=True)
+            files.private_mkdir(self.state_dir, DIR_MODE)
+            files.private_mkdir(self.state_dir / "jobs", DIR_MODE)
+            self._make_job_dir(uid, user_files)
+            if os.geteuid() != 0 or uid is None:
+                return
+            for name in user_files:
+                self._make_user_file(name, uid, gid)
+            self._make_root_file(ROOT_EVENTS, uid)
+        except files.UnsafeFileError as exc:
+            raise StateError(str(exc)) from None
         except OSError as exc:
-            raise StateError(f"cannot create {self.state_dir.parent}: {exc.strerror}") from None
-        _make_private_dir(self.state_dir, 0o755)
-        _make_private_dir(jobs, 0o755)
-        _make_private_dir(self.path, 0o755)
-        if os.geteuid() != 0 or uid is None:
+            raise StateError(f"cannot prepare {self.path}: {_why(exc)}") from None
+
+    def _make_job_dir(self, uid: int | None, user_files: tuple[str, ...]) -> None:
+        try:
+            files.private_mkdir(self.path, DIR_MODE)
+        except files.WrongOwner:
+            self._move_aside("its folder is not root's")
+            files.private_mkdir(self.path, DIR_MODE)
             return
-        for name in user_files:
-            self._make_user_file(name, uid, gid)
+        if uid is None or os.geteuid() != 0:
+            return
+        for name in {USER_EVENTS, *user_files}:
+            try:
+                info = os.lstat(self.path / name)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != uid:
+                # The same job id, an earlier job of another user (Slurm's ids wrap, or
+                # its state was reset): nothing of theirs may reach this job.
+                self._move_aside(f"{name} belongs to uid {info.st_uid}, not {uid}")
+                files.private_mkdir(self.path, DIR_MODE)
+                return
+
+    def _move_aside(self, why: str) -> None:
+        from wrapper import log
+
+        jobs = self.state_dir / "jobs"
+        aside = f".stale-{self.job_id}-{secrets.token_hex(4)}"
+        fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            with contextlib.suppress(FileNotFoundError):  # another node's prolog did it
+                os.rename(self.job_id, aside, src_dir_fd=fd, dst_dir_fd=fd)
+            log.get().warning("state.stale_job_dir", path=str(self.path), why=why)
+            with contextlib.suppress(OSError):  # fd-based: never follows a symlink in it
+                shutil.rmtree(aside, dir_fd=fd)
+        finally:
+            os.close(fd)
 
     def _make_user_file(self, name: str, uid: int, gid: int | None) -> None:
-        """Create ``name`` owned by the job user, appearing only once it is theirs.
+        """Create ``name`` owned by the job user (0600), appearing only once it is theirs.
 
-        Made under a private name, chowned, then hard-linked into place: another node's
-        prolog sharing this state_dir never sees it half made (still root's).
+        Made under a private name, chowned by descriptor, then hard-linked into place:
+        another node's prolog sharing this state_dir never sees it half made.
         """
         user_file = self.path / name
         tmp = self.path / f".{name}.{os.getpid()}.new"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o640)
+                     FILE_MODE)
         try:
-            os.fchown(fd, uid, gid if gid is not None else -1)
+            files.chown_fd(fd, uid, gid if gid is not None else -1)
         finally:
             os.close(fd)
         try:
@@ -87,99 +141,132 @@ class JobState:
         finally:
             os.unlink(tmp)
 
+    def _make_root_file(self, name: str, reader: int) -> None:
+        fd = files.open_regular(self.path / name, os.O_WRONLY | os.O_CREAT, FILE_MODE)
+        try:
+            if os.fstat(fd).st_uid == os.geteuid():
+                os.fchmod(fd, FILE_MODE)
+                files.grant_read(fd, reader)
+        finally:
+            os.close(fd)
+
+    def job_uid(self) -> int | None:
+        """The job's user, as the owner of its user file says (root made it so)."""
+        try:
+            uid = os.lstat(self.path / USER_EVENTS).st_uid
+        except OSError:
+            return None
+        return uid if uid != 0 else None
+
     def append(self, event: str, *, as_user: bool = False, **data: Any) -> dict[str, Any]:
         """Append one event; returns the record written."""
         record = {"ts": time.time(), "event": event, **data}
         line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
         name = USER_EVENTS if as_user else ROOT_EVENTS
-        flags = _OPEN_APPEND if as_user else _OPEN_APPEND | os.O_CREAT
+        path = self.path / name
         try:
-            fd = os.open(self.path / name, flags, 0o644)
-        except FileNotFoundError:
-            raise StateError(f"{self.path / name} does not exist (the prolog creates it; "
-                             "did it run on this node?)") from None
+            done = files.append_line(path, line, sync=True,
+                                     cap=self.user_events_max if as_user else None,
+                                     create_mode=None if as_user else FILE_MODE)
+        except files.UnsafeFileError as exc:
+            raise StateError(str(exc)) from None
         except OSError as exc:
-            raise StateError(f"cannot open {self.path / name}: {exc.strerror}") from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise StateError(f"{self.path / name} is not a regular file")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            view = memoryview(line)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            raise StateError(f"cannot append to {path}: {_why(exc)}") from None
+        if done == "missing":
+            raise StateError(f"{path} does not exist (the prolog creates it; did it run on "
+                             "this node?)")
+        if done == "full" and str(path) not in _warned_full:
+            from wrapper import log
+
+            _warned_full.add(str(path))
+            log.get().warning("state.user_events_full", path=str(path),
+                              cap=self.user_events_max, dropped=event)
         return record
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
-        """Replace ``name`` in the job directory atomically (root's records, mode 0644)."""
+        """Replace ``name`` in the job directory atomically (root's records, 0600, the
+        job's user granted read)."""
         if "/" in name or name.startswith("."):
             raise StateError(f"bad state file name {name!r}")
-        tmp = self.path / f".{name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
+        path = self.path / name
         try:
-            os.write(fd, json.dumps(data, default=str, indent=1).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path / name)
+            files.atomic_write(path, json.dumps(data, default=str, indent=1).encode(),
+                               mode=FILE_MODE)
+            reader = self.job_uid()
+            if reader is not None and os.geteuid() == 0:
+                fd = files.open_regular(path)
+                try:
+                    files.grant_read(fd, reader)
+                finally:
+                    os.close(fd)
+        except (OSError, files.UnsafeFileError) as exc:
+            raise StateError(f"cannot write {path}: "
+                             f"{_why(exc) if isinstance(exc, OSError) else exc}") from None
 
     def read_json(self, name: str) -> dict[str, Any] | None:
         try:
-            fd = os.open(self.path / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
+            raw = files.read_tail(self.path / name, ROOT_EVENTS_MAX)
+        except (OSError, files.UnsafeFileError):
             return None
-        with os.fdopen(fd, "rb") as handle:
-            try:
-                data = json.load(handle)
-            except ValueError:
-                return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
         return data if isinstance(data, dict) else None
 
     def events(self) -> list[dict[str, Any]]:
         """Every event of the job, root's and the user's, in time order.
 
         User events carry ``"source": "user"``: they say what the job's user could write.
+        Of the user's file only the last ``user_events_max`` bytes are read.
         """
         out: list[dict[str, Any]] = []
-        for name, source in ((ROOT_EVENTS, "root"), (USER_EVENTS, "user")):
-            for record in _read_lines(self.path / name):
+        for name, source, bound in ((ROOT_EVENTS, "root", ROOT_EVENTS_MAX),
+                                    (USER_EVENTS, "user", self.user_events_max)):
+            for record in _read_lines(self.path / name, bound):
                 record["source"] = source
                 out.append(record)
-        out.sort(key=lambda r: float(r.get("ts", 0)))
+        out.sort(key=lambda r: _ts(r.get("ts")))
         return out
 
+    def prune_user_files(self, names: tuple[str, ...] = (USER_EVENTS,)) -> None:
+        """After the job: drop what its user could write; root's record stays."""
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path / name)
 
-def _read_lines(path: Path) -> Iterator[dict[str, Any]]:
+
+def for_job(cfg: Config, job_id: str) -> JobState:
+    """The state of ``job_id`` under the configured state_dir, with the configured cap."""
+    return JobState(Path(cfg.paths.state_dir), job_id,
+                    user_events_max=cfg.hooks.user_events_max)
+
+
+def _read_lines(path: Path, bound: int) -> Iterator[dict[str, Any]]:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except (FileNotFoundError, OSError):
+        raw = files.read_tail(path, bound + 1)
+    except (OSError, files.UnsafeFileError):
         return
-    with os.fdopen(fd, "rb") as handle:
-        for raw in handle:
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue  # a line cut by a crash is skipped, never fatal
-            if isinstance(record, dict):
-                yield record
+    lines = raw.split(b"\n")
+    if len(raw) > bound:
+        lines = lines[1:]  # started mid-line: older than the bound, ignored
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash is skipped, never fatal
+        if isinstance(record, dict):
+            yield record
 
 
-def _make_private_dir(path: Path, mode: int) -> None:
-    """mkdir that refuses symlinks and directories owned by anyone but us."""
+def _ts(value: object) -> float:
     try:
-        os.mkdir(path, mode)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        raise StateError(f"cannot create {path}: its parent does not exist") from None
-    except PermissionError:
-        raise StateError(f"cannot create {path}: permission denied") from None
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise StateError(f"{path} is not a directory (a symlink or a file is in the way)")
-    if info.st_uid != os.geteuid():
-        raise StateError(f"{path} is owned by uid {info.st_uid}, not by uid {os.geteuid()}")
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)

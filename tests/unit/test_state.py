@@ -36,16 +36,20 @@ def test_user_file_owned_by_job_user(tmp_path: Path) -> None:
     state.prepare(4242, 4243)
     info = os.lstat(state.path / USER_EVENTS)
     assert (info.st_uid, info.st_gid) == (4242, 4243)
-    assert info.st_mode & 0o777 == 0o640
+    assert info.st_mode & 0o777 == 0o600  # not the group: a rival may share it
     state.prepare(4242, 4243)  # idempotent: a second node's prolog on shared state
 
 
-def test_user_file_with_wrong_owner_is_refused(tmp_path: Path) -> None:
+def test_a_reused_job_id_of_another_user_gets_a_fresh_folder(tmp_path: Path) -> None:
     state = JobState(tmp_path / "state", "8")
-    state.prepare(None, None)
-    (state.path / USER_EVENTS).write_text("")  # owned by root, not by the job user
-    with pytest.raises(StateError, match="not a regular file owned by uid 4242"):
-        state.prepare(4242, 4242)
+    state.prepare(4141, 4141)  # an earlier job 8, another user's
+    state.append("gpu.fault", as_user=True, reason="old user's")
+    state.append("attempt.end", kind="success")
+    state.prepare(4242, 4242)  # the new job 8: never fails, nothing of the old one left
+    info = os.lstat(state.path / USER_EVENTS)
+    assert info.st_uid == 4242 and info.st_size == 0
+    assert state.events() == []
+    assert [p.name for p in (tmp_path / "state" / "jobs").iterdir()] == ["8"]
 
 
 def test_symlink_in_place_of_the_event_file_is_not_followed(tmp_path: Path) -> None:
@@ -104,3 +108,15 @@ def test_a_torn_last_line_is_skipped_not_fatal(tmp_path: Path) -> None:
     with open(state.path / ROOT_EVENTS, "a") as handle:
         handle.write('{"event": "cut')
     assert [e["event"] for e in state.events()] == ["ok"]
+
+
+def test_only_the_capped_tail_of_the_user_file_is_read(tmp_path: Path) -> None:
+    state = JobState(tmp_path / "state", "11", user_events_max=4096)
+    state.prepare(None, None)
+    with (state.path / USER_EVENTS).open("a") as handle:
+        handle.write('{"ts": 1, "event": "old"}\n')
+        handle.write('{"ts": 2, "event": "filler"}\n' * 1000)
+        handle.write('{"ts": 3, "event": "new"}\n')
+    seen = [e["event"] for e in state.events()]
+    assert "old" not in seen and seen[-1] == "new"
+    assert len(seen) < 4096 // 20

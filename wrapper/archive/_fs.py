@@ -15,20 +15,17 @@ import os
 import secrets
 import shutil
 import stat
-import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from wrapper.errors import JobwrapError
+from wrapper.osl.files import acl_bytes
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _ACL_XATTR = "system.posix_acl_access"
-_ACL_UNDEFINED_ID = 0xFFFFFFFF
-# struct posix_acl_xattr_entry tags (linux/posix_acl_xattr.h)
-_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
 
 
 class ArchiveError(JobwrapError):
@@ -65,13 +62,7 @@ class Access:
                                    "needs ACLs for [archive] access = \"acl\"") from None
 
 
-def _acl(uid: int, user_perm: int, mode: int) -> bytes:
-    owner, group, other = (mode >> 6) & 7, (mode >> 3) & 7, mode & 7
-    entries = [(_ACL_USER_OBJ, owner, _ACL_UNDEFINED_ID), (_ACL_USER, user_perm, uid),
-               (_ACL_GROUP_OBJ, group, _ACL_UNDEFINED_ID),
-               (_ACL_MASK, user_perm | group, _ACL_UNDEFINED_ID),
-               (_ACL_OTHER, other, _ACL_UNDEFINED_ID)]
-    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+_acl = acl_bytes  # one ACL encoder, in wrapper.osl.files
 
 
 def open_root(path: str, *, create: bool, mode: int = 0o711, gid: int = 0) -> int:

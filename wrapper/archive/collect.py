@@ -158,7 +158,8 @@ def copy_user_file(dest: int, access: Access, spec: OutputSpec, user: UserIds | 
     drained.start()
     try:
         outcome: dict[str, Any] = as_user(user, _send_file, list(spec.candidates), write_fd,
-                                          read_fd, limits.max_file_bytes, seconds, os.getpid())
+                                          read_fd, limits.max_file_bytes, seconds, os.getpid(),
+                                          timeout=seconds + 5, keep_fds=[write_fd])
     except JobwrapError as exc:
         out_of_time = limits.left() <= 0.05
         outcome = {"status": PARTIAL,
@@ -182,7 +183,8 @@ def _send_file(candidates: list[str], out_fd: int, read_fd: int, max_bytes: int,
                seconds: float, caller_pid: int) -> dict[str, Any]:
     """(Runs as the job user.) Send the first existing candidate's tail into ``out_fd``."""
     if os.getpid() != caller_pid:  # in as_user's child, not run in-process
-        os.close(read_fd)
+        with contextlib.suppress(OSError):  # the child closed what it did not keep
+            os.close(read_fd)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the timer must end the child
         signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
     for path in candidates:

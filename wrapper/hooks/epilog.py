@@ -14,20 +14,25 @@ completing it, instead of after Slurm's fixed 121 s requeue delay.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, TextIO
 
 from wrapper import jobrecord, log, slurm
+from wrapper import state as state_mod
 from wrapper.classify import Classification, Evidence, classify
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, JobwrapError
+from wrapper.osl.child import call_as
+from wrapper.osl.files import read_tail_text
+from wrapper.osl.users import UserIds
 from wrapper.policy import Decision, PastAttempt, decide
-from wrapper.privileges import UserIds, append_line, as_user, read_tail
+from wrapper.privileges import append_line
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
+
+OUTPUT_TAIL_BYTES = 65536  # of the job's output, read to classify the attempt
+USER_IO_TIMEOUT = 10.0  # seconds a read or write of the job's output may take
 
 # Slurm's Reason while a job is COMPLETING tells what ended it.
 _REASON_STATE = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "NodeFail": "NODE_FAIL",
@@ -37,7 +42,7 @@ _REASON_STATE = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "NodeFail": "N
 def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None = None) -> int:
     started = time.monotonic()
     logger = log.get()
-    state = JobState(Path(cfg.paths.state_dir), ctx.job_id)
+    state = state_mod.for_job(cfg, ctx.job_id)
     # The prolog normally made the directory; an epilog after a failed prolog must not fail.
     state.prepare(ctx.uid, ctx.gid)
     state.append("epilog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
@@ -95,6 +100,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     except JobwrapError as exc:
         log.get().error("epilog.scratch_not_removed", error=str(exc))
     staging.prune_kept(cfg)
+    if ctx.first_node:  # the decision and the archive are done: drop what the user wrote
+        state.prune_user_files()
     logger.info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
     return EXIT_OK
 
@@ -146,7 +153,11 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
     for path in dict.fromkeys([record.stdout, record.stderr]):
         if path:
             try:
-                tail += as_user(user, read_tail, path)
+                # The user's rights, a no-follow non-blocking open of a regular file only,
+                # a bounded tail and a deadline: a FIFO, /dev/zero or a huge file in the
+                # output's place cannot hold the epilog.
+                tail += call_as(user, read_tail_text, path, OUTPUT_TAIL_BYTES,
+                                timeout=USER_IO_TIMEOUT)
             except JobwrapError as exc:
                 log.get().warning("epilog.output_unreadable", path=path, error=str(exc))
     if not gpu_check_failed and not gpu_checked and (
@@ -194,7 +205,7 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
         message = f"jobwrap: attempt {ctx.attempt} ended: {verdict.kind} ({verdict.detail}). " \
                   f"{'Requeued' if decision.requeue else 'Not requeued'}: {decision.reason}"
         try:
-            as_user(user, append_line, record.stdout, message)
+            call_as(user, append_line, record.stdout, message, timeout=USER_IO_TIMEOUT)
         except JobwrapError as exc:
             log.get().warning("epilog.output_unwritable", error=str(exc))
     return decision, info
@@ -225,7 +236,7 @@ def _latest_checkpoint(record: jobrecord.JobRecord, user: UserIds) -> dict[str, 
     if not record.checkpoint_dir:
         return None
     try:
-        found: dict[str, Any] | None = as_user(user, _find, record.checkpoint_dir,
+        found: dict[str, Any] | None = call_as(user, _find, record.checkpoint_dir,
                                                record.job_options.checkpoint_glob,
                                                record.job_options.checkpoint_marker)
     except JobwrapError as exc:
@@ -260,7 +271,7 @@ def _requeue(ctx: JobContext, cfg: Config, backend: slurm.SlurmBackend,
     from wrapper import detach
 
     backend.requeue(ctx.job_id)
-    argv = [sys.executable, "-m", "wrapper", "release", ctx.job_id]
+    argv = detach.jobwrap_argv("release", ctx.job_id)
     for node in decision.exclude_nodes:
         argv += ["--exclude", node]
     detach.spawn(argv, detach.hook_env(cfg.source))

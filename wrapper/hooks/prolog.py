@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TextIO
 
 from wrapper import jobrecord, log, slurm
+from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
 from wrapper.hooks.health import check_node, unchecked
 from wrapper.slurm.context import JobContext
-from wrapper.state import USER_EVENTS, JobState
+from wrapper.state import USER_EVENTS
 from wrapper.supervisor.launch import SUPERVISOR_LOG
 
 
 def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> int:
     started = time.monotonic()
     logger = log.get()
-    state = JobState(Path(cfg.paths.state_dir), ctx.job_id)
+    state = state_mod.for_job(cfg, ctx.job_id)
     state.prepare(ctx.uid, ctx.gid, user_files=(USER_EVENTS, SUPERVISOR_LOG))
     state.append("prolog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                  context=ctx.as_dict())
@@ -40,8 +39,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> in
 
                 state.append("prolog.unhealthy", attempt=ctx.attempt, node=ctx.node,
                              reason=report.drain_reason())
-                detach.spawn([sys.executable, "-m", "wrapper", "release", ctx.job_id,
-                              "--exclude", ctx.node], detach.hook_env(cfg.source))
+                detach.spawn(detach.jobwrap_argv("release", ctx.job_id, "--exclude",
+                                                 ctx.node), detach.hook_env(cfg.source))
                 return EXIT_UNHEALTHY
     record = gathered()
     state.write_json(jobrecord.RECORD, record.as_dict())

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TextIO
 
 from wrapper import jobrecord, log
+from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, JobwrapError
 from wrapper.slurm.context import JobContext
@@ -37,7 +37,7 @@ def exports(ctx: JobContext, cfg: Config, record: jobrecord.JobRecord | None,
 
 def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None = None) -> int:
     environ = os.environ if env is None else env
-    state = JobState(Path(cfg.paths.state_dir), ctx.job_id)
+    state = state_mod.for_job(cfg, ctx.job_id)
     record = None
     try:
         record = jobrecord.load(state)

@@ -10,12 +10,12 @@ drops to the job user's rights before it looks at anything.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from wrapper import log
+from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
 from wrapper.jobrecord import JobRecord
@@ -39,7 +39,7 @@ def start(job_id: str, cfg: Config) -> str:
         return "systemd"
     from wrapper import detach
 
-    argv = [sys.executable, "-m", "wrapper", "supervise", job_id]
+    argv = detach.jobwrap_argv("supervise", job_id)
     return f"detached:{detach.spawn(argv, detach.hook_env(cfg.source))}"
 
 
@@ -51,7 +51,7 @@ def supervise(job_id: str, cfg: Config) -> int:
     from wrapper.supervisor.monitor import Supervisor
 
     os.chdir("/")  # hold no directory of the hook that started us
-    state = JobState(Path(cfg.paths.state_dir), job_id)
+    state = state_mod.for_job(cfg, job_id)
     record = jobrecord.load(state)
     # The channel root reads the supervisor's reports from: opened now, as root.
     try:
@@ -59,6 +59,7 @@ def supervise(job_id: str, cfg: Config) -> int:
     except JobwrapError as exc:  # its hangs will not count for the epilog; keep watching
         log.get().error("supervisor.no_fact_channel", error=str(exc))
         channel = None
+    attempt = _current_attempt(state)  # root's events, read before the rights go
     if os.geteuid() == 0:
         if record.uid <= 0:
             raise JobwrapError(f"job {job_id}: no job user recorded; refusing to supervise "
@@ -67,7 +68,6 @@ def supervise(job_id: str, cfg: Config) -> int:
         not_dumpable()
     log_path = state.path / SUPERVISOR_LOG
     log.configure(file=str(log_path), level=cfg.log.level, stderr_format="json")
-    attempt = _current_attempt(state)
     log.bind(hook="supervisor", job_id=job_id, node=record.first_node, attempt=attempt)
     backend = slurm.backend(cfg.slurm)
 
