@@ -132,6 +132,9 @@ class HooksConfig(Section):
     user_events_max: int = _opt(1048576, "Bytes a job's user-writable event file "
                                 "(user-events.jsonl) may hold; appends past it are dropped "
                                 "and only its last this-many bytes are read.", positive=True)
+    user_events_days: float = _opt(7.0, "Days a finished job's user-writable event file is "
+                                   "kept (for jobwrap status); a later epilog on the node "
+                                   "removes older ones. Root's record stays.", positive=True)
 
 
 class GpuConfig(Section):

@@ -236,6 +236,47 @@ class JobState:
                 os.unlink(self.path / name)
 
 
+PRUNE_STAMP = ".user-files-pruned"
+PRUNE_EVERY = 3600.0
+
+
+def prune_stale_user_files(state_dir: Path, max_age: float, now: float) -> int:
+    """Drop the user-writable files of jobs whose root record is older than ``max_age``.
+
+    Age is the mtime of root's ``events.jsonl`` (the job's last root event), which the
+    user cannot set. Runs at most once per ``PRUNE_EVERY`` per state_dir (a root-owned
+    stamp), so an epilog pays for a scan of the jobs folder about once an hour. Returns
+    the number of jobs pruned.
+    """
+    jobs = state_dir / "jobs"
+    stamp = jobs / PRUNE_STAMP
+    try:
+        info = os.lstat(stamp)
+        if stat.S_ISREG(info.st_mode) and now - info.st_mtime < PRUNE_EVERY:
+            return 0
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise StateError(f"cannot read {stamp}: {_why(exc)}") from None
+    try:
+        files.atomic_write(stamp, b"", mode=FILE_MODE)
+        entries = list(os.scandir(jobs))
+    except (OSError, files.UnsafeFileError) as exc:
+        raise StateError(f"cannot prune {jobs}: {exc}") from None
+    pruned = 0
+    for entry in entries:
+        if not _JOB_ID.match(entry.name) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            last = os.lstat(Path(entry.path) / ROOT_EVENTS).st_mtime
+        except OSError:
+            continue
+        if now - last > max_age and os.path.lexists(Path(entry.path) / USER_EVENTS):
+            JobState(state_dir, entry.name).prune_user_files()
+            pruned += 1
+    return pruned
+
+
 def for_job(cfg: Config, job_id: str) -> JobState:
     """The state of ``job_id`` under the configured state_dir, with the configured cap."""
     return JobState(Path(cfg.paths.state_dir), job_id,

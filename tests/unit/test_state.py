@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,24 @@ def test_only_the_capped_tail_of_the_user_file_is_read(tmp_path: Path) -> None:
     seen = [e["event"] for e in state.events()]
     assert "old" not in seen and seen[-1] == "new"
     assert len(seen) < 4096 // 20
+
+
+def test_stale_user_files_are_pruned_by_root_record_age_at_most_hourly(tmp_path: Path) -> None:
+    from wrapper.state import prune_stale_user_files
+
+    old, recent = JobState(tmp_path, "21"), JobState(tmp_path, "22")
+    for state in (old, recent):
+        state.prepare(None, None)
+        state.append("prolog.context")
+        (state.path / USER_EVENTS).write_text('{"event": "x"}\n')
+    now = time.time()
+    week = 7 * 86400
+    # The user's own file is fresh: only root's record tells the job's age.
+    os.utime(old.path / "events.jsonl", (now - week - 10, now - week - 10))
+    assert prune_stale_user_files(tmp_path, week, now) == 1
+    assert not (old.path / USER_EVENTS).exists()
+    assert (old.path / "events.jsonl").exists() and (recent.path / USER_EVENTS).exists()
+    # Within the hour the jobs folder is not scanned again.
+    os.utime(recent.path / "events.jsonl", (now - week - 10, now - week - 10))
+    assert prune_stale_user_files(tmp_path, week, now + 60) == 0
+    assert prune_stale_user_files(tmp_path, week, now + 3700) == 1

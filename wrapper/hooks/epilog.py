@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
 from wrapper import jobrecord, log, slurm
@@ -100,8 +101,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     except JobwrapError as exc:
         log.get().error("epilog.scratch_not_removed", error=str(exc))
     staging.prune_kept(cfg)
-    if ctx.first_node:  # the decision and the archive are done: drop what the user wrote
-        state.prune_user_files()
+    _prune_user_files(cfg)
     logger.info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
     return EXIT_OK
 
@@ -275,3 +275,17 @@ def _requeue(ctx: JobContext, cfg: Config, backend: slurm.SlurmBackend,
     for node in decision.exclude_nodes:
         argv += ["--exclude", node]
     detach.spawn(argv, detach.hook_env(cfg.source))
+
+
+def _prune_user_files(cfg: Config) -> None:
+    """Finished jobs' user-writable event files past their retention (never fails)."""
+    from wrapper.state import prune_stale_user_files
+
+    try:
+        pruned = prune_stale_user_files(Path(cfg.paths.state_dir),
+                                        cfg.hooks.user_events_days * 86400, time.time())
+    except JobwrapError as exc:
+        log.get().error("epilog.prune_failed", error=str(exc))
+        return
+    if pruned:
+        log.get().info("epilog.user_files_pruned", jobs=pruned)
