@@ -20,7 +20,7 @@ from pathlib import Path
 from tests.adversarial.conftest import run_as_slurmd, slurmd_env
 from wrapper.osl.users import UserIds
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import USER_EVENTS, JobState
+from wrapper.state import PRUNE_STAMP, USER_EVENTS, JobState
 
 
 def as_user(cluster: Cluster, user: str, argv: list[str], *,
@@ -68,9 +68,13 @@ def _finished_job(cluster: Cluster, script: str, name: str) -> tuple[str, dict[s
 
 
 def test_a_fifo_in_place_of_the_output_cannot_hang_the_epilog(cluster: Cluster) -> None:
-    """Item 2: the job swaps its --output for a FIFO; the epilog must still finish."""
+    """Item 2: the job swaps its --output for a FIFO; the epilog must still finish.
+
+    (No requeue: a next attempt would hang in slurmstepd itself, which opens the FIFO
+    for writing before anything of jobwrap runs.)"""
     script = """#!/bin/bash
 #SBATCH --output=fifo-%j.out
+#JOBWRAP --no-requeue
 out="fifo-$SLURM_JOB_ID.out"
 echo "about to swap the output"
 rm -f "$out" && mkfifo "$out"
@@ -103,6 +107,13 @@ def test_a_huge_user_event_file_is_read_from_a_bounded_tail(cluster: Cluster) ->
     assert peak_mib < 512, f"the epilog peaked at {peak_mib:.0f} MiB"
     assert _hook_errors(cluster, since, job_id) == []
     _not_drained(cluster)
+    # Kept for jobwrap status, then pruned by the age of root's record, which the user
+    # cannot touch: eight days on, a later job's epilog drops it.
+    assert (state.path / USER_EVENTS).exists()
+    week_ago = time.time() - 8 * 86400
+    os.utime(state.path / "events.jsonl", (week_ago, week_ago))
+    (cluster.state_dir / "jobs" / PRUNE_STAMP).unlink(missing_ok=True)
+    _finished_job(cluster, "#!/bin/bash\ntrue\n", "later.sh")
     assert not (state.path / USER_EVENTS).exists(), "the user's file was not pruned"
 
 
