@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 
 USER = "jwtest"
 

@@ -19,7 +19,6 @@ So the decision reads:
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import os
@@ -37,7 +36,6 @@ SUPERVISOR_FACTS = "supervisor-facts.jsonl"
 # (for ``jobwrap status``), where it is only a claim.
 FACT_EVENTS = frozenset({"hang", "gpu.fault"})
 MAX_READ = 1 << 20  # the facts are a few lines per attempt; read at most this, from the end
-_PR_SET_DUMPABLE = 4
 
 
 class FactChannel:
@@ -77,18 +75,6 @@ class FactChannel:
     def close(self) -> None:
         os.close(self.fd)
 
-
-def not_dumpable() -> None:
-    """Make this process non-dumpable (no ptrace, no /proc/PID/fd for its user).
-
-    The kernel already does so when a root process changes its uid (with the default
-    fs.suid_dumpable); saying it again costs nothing and does not depend on that sysctl.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def root_events(state: JobState) -> list[dict[str, Any]]:

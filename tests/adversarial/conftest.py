@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 from wrapper.sandbox.cluster import Cluster
 
 RIVAL = "jwrival"

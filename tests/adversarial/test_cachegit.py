@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 from wrapper.sandbox.cluster import Cluster
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from wrapper.config import Config, LogConfig, LoginGuardConfig, PathsConfig, to_toml
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 
 JOBWRAP = str(Path(sys.executable).parent / "jobwrap")
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from tests.adversarial.conftest import RIVAL
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 from wrapper.sandbox.cluster import Cluster
 from wrapper.state import JobState
 

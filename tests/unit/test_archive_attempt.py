@@ -21,7 +21,7 @@ from tests.unit.test_archive_support import (
 from wrapper.archive import archive_attempt
 from wrapper.archive.attempt import output_specs
 from wrapper.archive.store import list_archives, load_manifest
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 
 __all__ = ["shared", "user"]  # fixtures, used by name
 SCRIPT = "#!/bin/bash\n#SBATCH --output=job-%j.out\nsrun python train.py\n"

@@ -20,7 +20,8 @@ from tests.unit.test_archive_support import (
 from wrapper.archive import archive_attempt
 from wrapper.archive.cli import parse_since
 from wrapper.cli import cli
-from wrapper.privileges import UserIds, as_user
+from wrapper.osl.child import call_as as as_user
+from wrapper.osl.users import UserIds
 
 __all__ = ["shared", "user"]  # fixtures, used by name
 

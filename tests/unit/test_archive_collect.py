@@ -24,7 +24,7 @@ from wrapper.archive.collect import (
     collect,
     copy_user_file,
 )
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 
 __all__ = ["shared", "user"]  # fixtures, used by name
 

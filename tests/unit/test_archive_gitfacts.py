@@ -12,7 +12,8 @@ import pytest
 from tests.unit.test_archive_support import shared, user, work_dir
 from wrapper.archive.gitfacts import GitReadError, read_facts
 from wrapper.archive.manifest import read_code
-from wrapper.privileges import UserIds, as_user
+from wrapper.osl.child import call_as as as_user
+from wrapper.osl.users import UserIds
 
 __all__ = ["shared", "user"]  # fixtures, used by name
 

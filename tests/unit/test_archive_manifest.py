@@ -6,7 +6,8 @@ from pathlib import Path
 
 from tests.unit.test_archive_support import record, run_attempt, shared, state, user, work_dir
 from wrapper.archive.manifest import SCHEMA_VERSION, build, merge_events, read_code
-from wrapper.privileges import UserIds, as_user
+from wrapper.osl.child import call_as as as_user
+from wrapper.osl.users import UserIds
 
 __all__ = ["shared", "user"]  # fixtures, used by name
 

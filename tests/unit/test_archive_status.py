@@ -13,7 +13,7 @@ from wrapper.archive.status import (
     summarize,
     timeline,
 )
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 
 __all__ = ["shared", "user"]  # fixtures, used by name
 

@@ -19,7 +19,8 @@ from wrapper.archive.store import (
     prune,
     read_parts,
 )
-from wrapper.privileges import AsUserError, UserIds, as_user
+from wrapper.osl.child import call_as as as_user
+from wrapper.osl.users import AsUserError, UserIds
 
 __all__ = ["shared", "user"]  # fixtures, used by name
 DAY = 86400.0

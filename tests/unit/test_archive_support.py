@@ -13,7 +13,7 @@ from typing import Any
 from tests import support
 from wrapper.config import Config, parse
 from wrapper.jobrecord import JobRecord
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 from wrapper.state import JobState
 
 # The shared fixtures, under the names the archive tests import from here.

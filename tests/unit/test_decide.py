@@ -20,7 +20,7 @@ from wrapper.config import parse
 from wrapper.facts import FactChannel, fact, supervisor_facts
 from wrapper.hooks import run_hook, staging
 from wrapper.jobrecord import JobRecord
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
 from wrapper.staging.scratch import prepare_scratch
 from wrapper.state import USER_EVENTS, JobState

@@ -9,7 +9,7 @@ from pathlib import Path
 from wrapper.config import parse
 from wrapper.hooks import staging
 from wrapper.jobrecord import JobRecord
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 

@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from wrapper.privileges import AsUserError, UserIds, append_line, as_user, read_tail
+from wrapper.osl.child import call_as as as_user
+from wrapper.osl.files import append_text_line as append_line
+from wrapper.osl.files import read_tail_text as read_tail
+from wrapper.osl.users import AsUserError, UserIds
 
 
 def test_runs_with_the_users_ids(user: UserIds) -> None:

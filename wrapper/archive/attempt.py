@@ -39,7 +39,7 @@ from wrapper.archive.store import Writer
 from wrapper.config import ArchiveConfig, Config
 from wrapper.errors import JobwrapError
 from wrapper.jobrecord import JobRecord
-from wrapper.privileges import UserIds
+from wrapper.osl.users import UserIds
 from wrapper.state import JobState
 
 MIB = 1 << 20

@@ -7,7 +7,7 @@ events (this attempt's lines), and this node's jobwrap hook log lines for the jo
 The job's own files are read with the job user's rights, never root's: a symlink to a
 root-only file is refused by the kernel, and so is anything else the user could not read
 (a FIFO or a device is refused too, since opening one could block or never end). The
-bytes are streamed, never held in memory: the user-rights child (``as_user``) opens the
+bytes are streamed, never held in memory: the user-rights child (``call_as``) opens the
 file and ``sendfile``s it into a pipe that root created before the fork, and a root
 thread compresses what comes out of the pipe straight into the archive file. Chosen over
 a staging folder owned by the user because no user-writable path is ever involved, so
@@ -40,7 +40,8 @@ from typing import Any
 
 from wrapper.archive._fs import Access, create_file
 from wrapper.errors import JobwrapError
-from wrapper.privileges import UserIds, as_user
+from wrapper.osl.child import call_as
+from wrapper.osl.users import UserIds
 from wrapper.state import JobState
 from wrapper.supervisor.launch import SUPERVISOR_LOG
 
@@ -157,7 +158,7 @@ def copy_user_file(dest: int, access: Access, spec: OutputSpec, user: UserIds | 
     drained = _Drain(read_fd, sink)
     drained.start()
     try:
-        outcome: dict[str, Any] = as_user(user, _send_file, list(spec.candidates), write_fd,
+        outcome: dict[str, Any] = call_as(user, _send_file, list(spec.candidates), write_fd,
                                           read_fd, limits.max_file_bytes, seconds, os.getpid(),
                                           timeout=seconds + 5, keep_fds=[write_fd])
     except JobwrapError as exc:
@@ -182,7 +183,7 @@ def copy_user_file(dest: int, access: Access, spec: OutputSpec, user: UserIds | 
 def _send_file(candidates: list[str], out_fd: int, read_fd: int, max_bytes: int,
                seconds: float, caller_pid: int) -> dict[str, Any]:
     """(Runs as the job user.) Send the first existing candidate's tail into ``out_fd``."""
-    if os.getpid() != caller_pid:  # in as_user's child, not run in-process
+    if os.getpid() != caller_pid:  # in call_as's child, not run in-process
         with contextlib.suppress(OSError):  # the child closed what it did not keep
             os.close(read_fd)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the timer must end the child

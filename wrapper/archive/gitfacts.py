@@ -9,7 +9,7 @@ is dirty comes from the index's stat data compared with ``lstat`` of each tracke
 (what git itself does before it would look at contents). That check is conservative: a
 file rewritten with the same bytes counts as changed, and untracked files do not count.
 
-Meant to run with the job user's rights (``wrapper.privileges.as_user``): every file is
+Meant to run with the job user's rights (``wrapper.osl.child.call_as``): every file is
 opened non-blocking, must be a regular file, and is read up to a bound.
 """
 

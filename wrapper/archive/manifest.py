@@ -58,7 +58,8 @@ from wrapper.archive import gitfacts
 from wrapper.archive.status import ENDED, RUNNING, AttemptSummary, summarize
 from wrapper.errors import JobwrapError
 from wrapper.jobrecord import JobRecord, parse_slurm_time
-from wrapper.privileges import UserIds, as_user
+from wrapper.osl.child import call_as
+from wrapper.osl.users import UserIds
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -210,7 +211,7 @@ def read_code(user: UserIds, work_dir: str, timeout: float) -> dict[str, Any]:
         facts["error"] = "the job's work dir is not known"
         return facts
     try:
-        found: dict[str, Any] = as_user(user, _git_facts, work_dir, max(timeout, 0.1),
+        found: dict[str, Any] = call_as(user, _git_facts, work_dir, max(timeout, 0.1),
                                         os.getpid())
     except JobwrapError as exc:
         facts["error"] = f"reading git as {user.name} failed: {exc}"
@@ -222,7 +223,7 @@ def read_code(user: UserIds, work_dir: str, timeout: float) -> dict[str, Any]:
 def _git_facts(work_dir: str, timeout: float, caller_pid: int) -> dict[str, Any]:
     """(Runs as the job user.) The facts, or ``{"error"}``; a hung file system ends the
     helper at ``timeout`` (an alarm nobody catches)."""
-    if os.getpid() != caller_pid:  # as_user's child
+    if os.getpid() != caller_pid:  # call_as's child
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.setitimer(signal.ITIMER_REAL, timeout)
     try:

@@ -25,10 +25,10 @@ from wrapper.classify import Classification, Evidence, classify
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, JobwrapError
 from wrapper.osl.child import call_as
+from wrapper.osl.files import append_text_line as append_line
 from wrapper.osl.files import read_tail_text
 from wrapper.osl.users import UserIds
 from wrapper.policy import Decision, PastAttempt, decide
-from wrapper.privileges import append_line
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 

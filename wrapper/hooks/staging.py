@@ -21,14 +21,14 @@ from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 
 if TYPE_CHECKING:
-    from wrapper.privileges import UserIds
+    from wrapper.osl.users import UserIds
     from wrapper.staging import Progress, StageReport
 
 PROGRESS_EVERY = 5.0  # seconds between two progress lines of one directive
 
 
 def _user(record: JobRecord) -> UserIds:
-    from wrapper.privileges import UserIds
+    from wrapper.osl.users import UserIds
 
     return UserIds.for_job(record.user, record.uid, record.gid)
 
@@ -149,7 +149,8 @@ def keep_results(ctx: JobContext, cfg: Config, state: JobState, record: JobRecor
                     problems=problems[:10])
     if not record.stdout:
         return
-    from wrapper.privileges import append_line, as_user
+    from wrapper.osl.child import call_as
+    from wrapper.osl.files import append_text_line as append_line
 
     why = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
                                      if len(problems) > 3 else "")
@@ -158,7 +159,7 @@ def keep_results(ctx: JobContext, cfg: Config, state: JobState, record: JobRecor
                f"on node {ctx.node} in {kept} (readable by you and root only) until "
                f"{shown_until}; copy it from there (e.g. srun -w {ctx.node} ...) before then.")
     try:
-        as_user(_user(record), append_line, record.stdout, message)
+        call_as(_user(record), append_line, record.stdout, message)
     except JobwrapError as exc:
         log.get().warning("staging.kept_untold", error=str(exc))
 

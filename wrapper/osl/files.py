@@ -156,6 +156,12 @@ def append_line(path: StrPath, line: bytes, *, cap: int | None = None,
     return "ok"
 
 
+def append_text_line(path: str, line: str) -> bool:
+    """Append one line of text to an existing regular file (the job's output, as its
+    user); False if it is not there. JSON-friendly, for ``call_as``."""
+    return append_line(path, line.rstrip("\n").encode(errors="surrogateescape")) == "ok"
+
+
 def lock(fd: int, timeout: float, what: str) -> None:
     """An exclusive flock on ``fd``, waiting at most ``timeout`` seconds."""
     give_up = time.monotonic() + max(0.0, timeout)

@@ -46,8 +46,8 @@ def start(job_id: str, cfg: Config) -> str:
 def supervise(job_id: str, cfg: Config) -> int:
     """The ``jobwrap supervise JOBID`` verb: drop rights, then follow the attempt."""
     from wrapper import jobrecord, slurm
-    from wrapper.facts import FactChannel, not_dumpable
-    from wrapper.privileges import UserIds, drop_to
+    from wrapper.facts import FactChannel
+    from wrapper.osl.users import UserIds, drop_to, not_dumpable
     from wrapper.supervisor.monitor import Supervisor
 
     os.chdir("/")  # hold no directory of the hook that started us
