@@ -255,68 +255,82 @@ end
 -- nil and shlex's own error text. Each run of plain characters is found with one
 -- search and kept as one piece; a word is its pieces joined once.
 local SHELL_SPECIAL = "[ \t\r\n'\"\\]"
+local find, sub, byte, concat = string.find, string.sub, string.byte, table.concat
+local B_SPACE, B_TAB, B_CR, B_LF = 32, 9, 13, 10
+local B_BACKSLASH, B_SQUOTE, B_DQUOTE = 92, 39, 34
 local function shell_words(text)
     local words = {}
     local pieces = nil -- the word being read; nil between words
+    local np = 0 -- pieces in it
     local i, n = 1, #text
     while i <= n do
-        local at = text:find(SHELL_SPECIAL, i) or (n + 1)
+        local at = find(text, SHELL_SPECIAL, i) or (n + 1)
         if at > i then
-            pieces = pieces or {}
-            pieces[#pieces + 1] = text:sub(i, at - 1)
+            if not pieces then
+                pieces, np = {}, 0
+            end
+            np = np + 1
+            pieces[np] = sub(text, i, at - 1)
         end
         if at > n then
             break
         end
-        local c = text:sub(at, at)
-        if c == " " or c == "\t" or c == "\r" or c == "\n" then
+        local c = byte(text, at)
+        if c == B_SPACE or c == B_TAB or c == B_CR or c == B_LF then
             if pieces then
-                words[#words + 1] = table.concat(pieces)
+                words[#words + 1] = concat(pieces)
                 pieces = nil
             end
-            i = text:find("[^ \t\r\n]", at + 1) or (n + 1) -- the whole run of blanks
+            i = find(text, "[^ \t\r\n]", at + 1) or (n + 1) -- the whole run of blanks
         else
-            pieces = pieces or {}
-            if c == "\\" then
+            if not pieces then
+                pieces, np = {}, 0
+            end
+            if c == B_BACKSLASH then
                 if at == n then
                     return nil, "No escaped character"
                 end
-                pieces[#pieces + 1] = text:sub(at + 1, at + 1)
+                np = np + 1
+                pieces[np] = sub(text, at + 1, at + 1)
                 i = at + 2
-            elseif c == "'" then
-                local close = text:find("'", at + 1, true)
+            elseif c == B_SQUOTE then
+                local close = find(text, "'", at + 1, true)
                 if close == nil then
                     return nil, "No closing quotation"
                 end
-                pieces[#pieces + 1] = text:sub(at + 1, close - 1)
+                np = np + 1
+                pieces[np] = sub(text, at + 1, close - 1)
                 i = close + 1
             else -- a double quote: a backslash escapes only " and \ (and stays otherwise)
                 local j = at + 1
                 while true do
-                    local q = text:find('["\\]', j)
+                    local q = find(text, '["\\]', j)
                     if q == nil then
                         return nil, "No closing quotation"
                     end
-                    pieces[#pieces + 1] = text:sub(j, q - 1)
-                    if text:sub(q, q) == '"' then
+                    np = np + 1
+                    pieces[np] = sub(text, j, q - 1)
+                    if byte(text, q) == B_DQUOTE then
                         i = q + 1
                         break
                     end
                     if q == n then
                         return nil, "No escaped character"
                     end
-                    local nextc = text:sub(q + 1, q + 1)
-                    if nextc ~= '"' and nextc ~= "\\" then
-                        pieces[#pieces + 1] = "\\"
+                    local nextc = byte(text, q + 1)
+                    if nextc ~= B_DQUOTE and nextc ~= B_BACKSLASH then
+                        np = np + 1
+                        pieces[np] = "\\"
                     end
-                    pieces[#pieces + 1] = nextc
+                    np = np + 1
+                    pieces[np] = sub(text, q + 1, q + 1)
                     j = q + 2
                 end
             end
         end
     end
     if pieces then
-        words[#words + 1] = table.concat(pieces)
+        words[#words + 1] = concat(pieces)
     end
     return words
 end
