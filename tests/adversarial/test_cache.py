@@ -1,15 +1,21 @@
-"""The node cache against a racing user and a full disk (issue 12, items 9 and 13)."""
+"""The node cache against a racing user and a full disk (issue 12, items 9 and 13).
+
+Item 9 races root's scan with the job user's own process swapping the symlink it named
+as its stage-in source; item 13 stages the user's data into a cache on a small real
+tmpfs that fills up.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.unit.test_staging_support import digest, tmpfs
+from tests.unit.test_staging_support import digest, public_dir, tmpfs
 from wrapper.errors import UserInputError
 from wrapper.staging import Cache, StageSettings, UserIds, parse_stage_in, prepare_scratch
 from wrapper.staging import stage_in as copy_in
@@ -32,6 +38,13 @@ while not os.path.exists(stop):
 """
 
 
+@pytest.fixture
+def area() -> Iterator[Path]:
+    """A folder under /tmp every user can reach, removed without following links."""
+    with public_dir() as path:
+        yield path
+
+
 def two_trees(base: Path) -> tuple[Path, Path]:
     a, b = base / "tree-a", base / "tree-b"
     for tree in (a, b):
@@ -41,12 +54,18 @@ def two_trees(base: Path) -> tuple[Path, Path]:
 
 
 # -- item 9: the key names the tree that was read ------------------------------------------
-def test_a_symlink_swapped_during_the_scan_never_mislabels_the_source(tmp_path: Path) -> None:
-    a, b = two_trees(tmp_path)
-    link, stop = tmp_path / "link", tmp_path / "stop"
+def test_a_symlink_swapped_during_the_scan_never_mislabels_the_source(
+        area: Path, user: UserIds) -> None:
+    home = area / "home"  # the job user's own folder, where it names its source
+    a, b = two_trees(home)
+    for path in (home, *home.rglob("*")):
+        os.chown(path, user.uid, user.gid)
+    link, stop = home / "link", area / "stop"
     os.symlink(a, link)
-    flipper = subprocess.Popen([sys.executable, "-c", FLIPPER, str(link), str(a), str(b),
-                                str(stop)])
+    os.lchown(link, user.uid, user.gid)
+    flipper = subprocess.Popen([os.path.realpath(sys.executable), "-c", FLIPPER, str(link),
+                                str(a), str(b), str(stop)], user=user.uid, group=user.gid,
+                               extra_groups=[], cwd=home)
     wrong, seen = [], set()
     try:
         for _ in range(3000):
@@ -67,8 +86,8 @@ def test_a_symlink_swapped_during_the_scan_never_mislabels_the_source(tmp_path: 
 
 
 def test_root_names_the_source_from_the_descriptor_not_the_workers_word(
-        tmp_path: Path) -> None:
-    a, b = two_trees(tmp_path)
+        area: Path) -> None:
+    a, b = two_trees(area)
     with SourceTree(str(a)) as src:
         told = src.manifest
         assert source_of(told, [src.root_fd]) is told
