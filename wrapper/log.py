@@ -25,8 +25,11 @@ def bind(**context: Any) -> None:
 class _Sinks:
     """The final processor: renders each event once per sink and writes it there."""
 
-    def __init__(self, file: TextIO | None, stderr: TextIO, stderr_format: str) -> None:
+    def __init__(self, file: TextIO | None, stderr: TextIO, stderr_format: str,
+                 max_bytes: int = 0) -> None:
         self.file = file
+        self.max_bytes = max_bytes  # 0: no cap
+        self.size = os.fstat(file.fileno()).st_size if file is not None and max_bytes else 0
         self.stderr = stderr
         self.stderr_format = stderr_format
         self._console = structlog.dev.ConsoleRenderer(colors=False) \
@@ -34,11 +37,18 @@ class _Sinks:
 
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> Any:
         if self.file is not None:
+            line = json.dumps(event, default=str) + "\n"
+            if self.max_bytes and self.size + len(line) > self.max_bytes:
+                line = json.dumps({"event": "log.capped", "max_bytes": self.max_bytes,
+                                   "timestamp": event.get("timestamp")}) + "\n"
             try:
-                self.file.write(json.dumps(event, default=str) + "\n")
+                self.file.write(line)
                 self.file.flush()
             except OSError:
                 self.file = None
+            self.size += len(line)
+            if self.max_bytes and self.size > self.max_bytes:
+                self.file = None  # capped: nothing more is written
         if self.stderr_format == "json":
             line = json.dumps(event, default=str)
         elif self._console is not None:
@@ -67,14 +77,22 @@ def _logfmt(event: MutableMapping[str, Any]) -> str:
 
 
 def configure(*, file: str = "", level: str = "info", stderr_format: str = "auto",
-              stderr: TextIO | None = None) -> None:
-    """Set up structlog for this process. A log file we cannot open is not fatal."""
+              stderr: TextIO | None = None, file_fd: int | None = None,
+              max_bytes: int = 0) -> None:
+    """Set up structlog for this process. A log file we cannot open is not fatal.
+
+    ``file_fd``: an already open log (root opened it before dropping rights), used in
+    place of ``file``. ``max_bytes``: past it one ``log.capped`` line is written, then
+    nothing more.
+    """
     err = stderr if stderr is not None else sys.stderr
     if stderr_format == "auto":
         stderr_format = "console" if err.isatty() else "logfmt"
     sink_file: TextIO | None = None
     problem = None
-    if file:
+    if file_fd is not None:
+        sink_file = os.fdopen(file_fd, "a", encoding="utf-8")
+    elif file:
         try:
             fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o640)
@@ -87,7 +105,7 @@ def configure(*, file: str = "", level: str = "info", stderr_format: str = "auto
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            _Sinks(sink_file, err, stderr_format),
+            _Sinks(sink_file, err, stderr_format, max_bytes),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, 20)),
         cache_logger_on_first_use=False,

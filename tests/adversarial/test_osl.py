@@ -205,3 +205,24 @@ def test_root_starts_jobwrap_isolated_from_a_planted_cwd(tmp_path: Path) -> None
     assert os.waitstatus_to_exitcode(status) == 0
     assert not marker.exists(), marker.read_text()
     assert sys.executable
+
+
+def test_the_job_user_cannot_write_or_grow_the_supervisor_log(cluster: Cluster) -> None:
+    """Item 3: supervisor.log sits in root's state folder; the user may read it, not write
+    it (a user-writable log there could fill the state disk)."""
+    job_id = cluster.submit("#!/bin/bash\nsleep 60\n", name="sleepy.sh")
+    log_path = JobState(cluster.state_dir, job_id).path / "supervisor.log"
+    try:
+        deadline = time.monotonic() + 60
+        while not (log_path.exists() and log_path.stat().st_size > 0):
+            assert time.monotonic() < deadline, "the supervisor wrote no log"
+            time.sleep(0.5)
+        write = as_user(cluster, cluster.spec.user,
+                        ["sh", "-c", f"head -c 1000000 /dev/zero >> {log_path}"])
+        assert write.returncode != 0 and "Permission denied" in write.stderr, write
+        assert log_path.stat().st_size < 1000000 and log_path.stat().st_uid == 0
+        read = as_user(cluster, cluster.spec.user, ["head", "-c", "200", str(log_path)])
+        assert read.returncode == 0 and "supervisor" in read.stdout, read.stderr
+    finally:
+        subprocess.run(["scancel", job_id], env=cluster.env(), check=False)
+        cluster.wait_job(job_id, timeout=60)

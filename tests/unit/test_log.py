@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 from wrapper import log
@@ -36,3 +37,16 @@ def test_console_form(tmp_path: Path) -> None:
     log.configure(stderr_format="console", stderr=err)
     log.get().warning("gpu.hot", gpu=1)
     assert "gpu.hot" in err.getvalue() and "gpu=1" in err.getvalue()
+
+
+def test_a_capped_log_writes_one_capped_line_then_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "supervisor.log"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    log.configure(file_fd=fd, stderr_format="json", stderr=io.StringIO(), max_bytes=1000)
+    for i in range(100):
+        log.get().info("supervisor.tick", i=i)
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[-1])["event"] == "log.capped"
+    assert sum(len(line) + 1 for line in lines[:-1]) <= 1000 < path.stat().st_size
+    assert [json.loads(line)["event"] for line in lines[:-1]] == ["supervisor.tick"] * (
+        len(lines) - 1)

@@ -13,14 +13,13 @@ from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
 from wrapper.hooks.health import check_node, unchecked
 from wrapper.slurm.context import JobContext
 from wrapper.state import USER_EVENTS
-from wrapper.supervisor.launch import SUPERVISOR_LOG
 
 
 def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> int:
     started = time.monotonic()
     logger = log.get()
     state = state_mod.for_job(cfg, ctx.job_id)
-    state.prepare(ctx.uid, ctx.gid, user_files=(USER_EVENTS, SUPERVISOR_LOG))
+    state.prepare(ctx.uid, ctx.gid, user_files=(USER_EVENTS,))
     state.append("prolog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                  context=ctx.as_dict())
     backend = slurm.backend(cfg.slurm)

@@ -24,6 +24,7 @@ from wrapper.state import JobState
 
 UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 SUPERVISOR_LOG = "supervisor.log"
+SUPERVISOR_LOG_MAX = 16 << 20  # bytes; past it one log.capped line, then nothing
 
 
 def systemd_unit_available() -> bool:
@@ -60,14 +61,15 @@ def supervise(job_id: str, cfg: Config) -> int:
         log.get().error("supervisor.no_fact_channel", error=str(exc))
         channel = None
     attempt = _current_attempt(state)  # root's events, read before the rights go
+    log_fd = _open_log(state, record.uid)
     if os.geteuid() == 0:
         if record.uid <= 0:
             raise JobwrapError(f"job {job_id}: no job user recorded; refusing to supervise "
                                "as root")
         drop_to(UserIds.of(record.uid, record.gid))
         not_dumpable()
-    log_path = state.path / SUPERVISOR_LOG
-    log.configure(file=str(log_path), level=cfg.log.level, stderr_format="json")
+    log.configure(file_fd=log_fd, level=cfg.log.level, stderr_format="json",
+                  max_bytes=SUPERVISOR_LOG_MAX)
     log.bind(hook="supervisor", job_id=job_id, node=record.first_node, attempt=attempt)
     backend = slurm.backend(cfg.slurm)
 
@@ -111,6 +113,28 @@ def supervise(job_id: str, cfg: Config) -> int:
                             facts=channel.write if channel else None)
     supervisor.run()
     return 0
+
+
+def _open_log(state: JobState, uid: int) -> int | None:
+    """The supervisor's log, opened before the rights go: root's file (readable by the job's
+    user through an ACL), written only through this descriptor of a non-dumpable process,
+    so the user can neither write it directly nor grow it past SUPERVISOR_LOG_MAX."""
+    from wrapper.osl import files
+
+    path = state.path / SUPERVISOR_LOG
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:
+        fd = files.open_regular(path, flags, 0o600)
+        if os.fstat(fd).st_uid != os.geteuid():  # an older layout's user-owned log
+            os.close(fd)
+            os.unlink(path)
+            fd = files.open_regular(path, flags | os.O_EXCL, 0o600)
+    except (OSError, files.UnsafeFileError) as exc:
+        log.get().error("supervisor.log_unavailable", path=str(path), error=str(exc))
+        return None
+    if os.geteuid() == 0 and uid > 0:
+        files.grant_read(fd, uid)
+    return fd
 
 
 def _current_attempt(state: JobState) -> int:
