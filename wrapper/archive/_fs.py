@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import secrets
 import shutil
 import stat
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from wrapper.errors import JobwrapError
+from wrapper.osl import files
 from wrapper.osl.files import acl_bytes
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -267,16 +266,10 @@ def locked(parent: int, name: str, timeout: float) -> Iterator[None]:
     fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                  dir_fd=parent)
     try:
-        give_up = time.monotonic() + max(0.0, timeout)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= give_up:
-                    raise ArchiveError(f"the archive lock {name} is held by another writer "
-                                       f"(waited {timeout:.0f} s)") from None
-                time.sleep(0.05)
+        try:
+            files.lock(fd, timeout, f"the archive lock {name}")
+        except files.UnsafeFileError as exc:
+            raise ArchiveError(str(exc)) from None
         yield
     finally:
         os.close(fd)
