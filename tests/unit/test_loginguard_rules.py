@@ -123,13 +123,20 @@ def test_a_name_alone_earns_no_allowance() -> None:
     assert finding.rule == "cpu" and [t.pid for t in finding.targets] == [1]
 
 
-def test_children_and_unseen_cpu_count_against_the_general_share() -> None:
+def test_ended_children_count_for_their_parents_rule_and_unseen_cpu_for_the_general() -> None:
     p = policy(cpu_share=0.1, exempt_commands=("make=0.9",))
-    # make itself idles; the recipes it ran and waited for burned 3 cores.
+    # A real make idles while the recipes it ran and waited for burn 3 cores: a build,
+    # within make's allowance...
+    assert evaluate(snapshot(sample(1, "make", cores=0.0, exempt="make", children=3.0)),
+                    p, set()) == []
+    # ... and bounded by it.
     [finding] = evaluate(snapshot(sample(1, "make", cores=0.0, exempt="make",
-                                         children=3.0)), p, set())
+                                         children=9.5)), p, set())
+    assert finding.rule == "cpu:make" and finding.value == pytest.approx(0.95)
+    # Anything else's ended children count against the general share.
+    [finding] = evaluate(snapshot(sample(3, "python3", cores=0.0, children=3.0)), p, set())
     assert finding.rule == "cpu" and finding.value == pytest.approx(0.3)
-    assert [t.pid for t in finding.targets] == [1] and "ended children" in finding.seen
+    assert [t.pid for t in finding.targets] == [3] and "ended children" in finding.seen
     # A shell's loop of short burners: only the cgroup saw them; the shell is no target.
     [finding] = evaluate(snapshot(sample(2, "bash", cores=0.01), unseen={2000: 2.0}), p, set())
     assert finding.rule == "cpu" and finding.targets == ()

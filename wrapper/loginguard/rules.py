@@ -302,34 +302,34 @@ def _cpu(procs: list[ProcessSample], snapshot: Snapshot, policy: Policy,
          capped: bool) -> list[Finding]:
     if snapshot.seconds < MIN_CPU_SAMPLE:
         return []
-    # An exempt command's allowance covers only its own CPU: what its children used
-    # (make's recipes, a compiler driver's -B programs) and what no scan saw (processes
-    # too short-lived to be seen) cannot be told to be that command's, so it counts
-    # against the user's general share.
+    # An exempt command's allowance covers its own CPU and its ended children's (make's
+    # recipes, a compiler driver's cc1 and as): the command is known by its root-owned
+    # program (trust.py), so a disguised interpreter earns no allowance, and what a real
+    # make runs is bounded by make's allowance. Children of anything else, and what no
+    # scan saw (processes too short-lived to be seen), count against the general share.
     groups: dict[str, list[ProcessSample]] = defaultdict(list)
-    general = 0.0
+    children: dict[str, float] = defaultdict(float)
     for p in procs:
-        groups[f"cpu:{p.exempt}" if p.exempt in policy.allowances else "cpu"].append(p)
-        general += p.children_cores
+        rule = f"cpu:{p.exempt}" if p.exempt in policy.allowances else "cpu"
+        groups[rule].append(p)
+        children[rule] += p.children_cores
     unseen = snapshot.unseen.get(procs[0].uid, 0.0)
-    general += unseen
-    if general:
+    children["cpu"] += unseen
+    if children["cpu"]:
         groups.setdefault("cpu", [])
     found = []
     for rule, members in sorted(groups.items()):
         limit = policy.cpu_share if rule == "cpu" else policy.allowances[rule[4:]]
         if capped:
             limit = min(limit, PINNED_FRACTION * policy.throttle_cpu_share)
-        cores = sum(p.cpu_cores for p in members) + (general if rule == "cpu" else 0.0)
+        cores = sum(p.cpu_cores for p in members) + children[rule]
         share = cores / snapshot.cpus
         if share <= limit:
             continue
-        pool = procs if rule == "cpu" else members  # children count here, whoever's
-        busy = sorted((p for p in pool if (_busy(p) if rule == "cpu" else p.cpu_cores)
-                       >= BUSY_CORES), key=_busy, reverse=True)
+        busy = sorted((p for p in members if _busy(p) >= BUSY_CORES), key=_busy, reverse=True)
         top = ", ".join(f"{p.pid} {printable(p.name, 40)} {p.cpu_cores:.2f}"
                         + (f" (+{p.children_cores:.2f} ended children)"
-                           if rule == "cpu" and p.children_cores >= BUSY_CORES else "")
+                           if p.children_cores >= BUSY_CORES else "")
                         for p in busy[:5])
         what = "your processes" if rule == "cpu" else f"your {rule[4:]} processes"
         seen = (f"{what} used {cores:.2f} cores ({share:.0%} of the node's {snapshot.cpus}) "

@@ -24,7 +24,9 @@ measures cover them.
   and that it waited for (cutime + cstime). Its growth is counted for the parent (as
   ``children_cores``), less what earlier scans already counted of those children while
   they were alive. Children whose parent ended first go to a reaper (init, a
-  subreaper): when that is not a watched process of theirs, their CPU is missed.
+  subreaper): when that is not a watched process of theirs, their CPU is missed. The
+  rules count ended children under their parent's rule: a real ``make``'s recipes
+  within make's allowance, anything else's in the general share.
 - The user's cgroup: where ``<cgroup_root>/user.slice/user-UID.slice/cpu.stat`` exists
   (cgroup v2 under systemd-logind), its ``usage_usec`` counts every process of the
   user's sessions, short-lived and orphaned ones included; what it shows beyond the
