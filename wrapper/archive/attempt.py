@@ -131,16 +131,18 @@ def _archive(cfg: Config, state: JobState, record: JobRecord, *, attempt: int, n
             part_complete = not any(f.status in INCOMPLETE for f in files)
             result.complete = result.complete and part_complete
             current = number == attempt
-            code = None
+            code = python = None
             if current and node == (record.first_node or node) and user is not None:
                 code = manifest.read_code(user, record.work_dir,
                                           min(settings.git_timeout, max(0.1, deadline - clock())))
+                python = _packages(user, events, number,
+                                   min(settings.git_timeout, max(0.1, deadline - clock())))
             writer.write_part(number, {
                 "archived_at": time.time(), "complete": part_complete,
                 "recovered_by": None if current else attempt,
                 "files": [f.as_dict() for f in files], "extra": facts if current else {},
                 "gpus": (facts.get("gpus") or list(record.gpus)) if current else None,
-                "code": code, "events": sources.events, "problems": problems})
+                "code": code, "python": python, "events": sources.events, "problems": problems})
             if current:
                 result.files, result.problems = files, problems
             else:
@@ -148,8 +150,21 @@ def _archive(cfg: Config, state: JobState, record: JobRecord, *, attempt: int, n
         digest, source = cfg.digest(), cfg.source
         result.path = writer.commit(lambda parts: manifest.build(
             record=record, parts=parts, events=events, config_digest=digest,
-            config_source=source, now=time.time()))
+            config_source=source, now=time.time(),
+            archive_dir=str(Path(cfg.paths.archive_root) / user_name / record.job_id)))
     return result
+
+
+def _packages(user: UserIds, events: list[dict[str, Any]], attempt: int,
+              timeout: float) -> dict[str, Any] | None:
+    """The package set of the Python the job's environment claims (``jobenv``), read as
+    the job's user without running it; None when the task-prolog recorded nothing."""
+    from wrapper.archive import jobenv, rerun
+
+    found = rerun.environment(events, attempt)
+    if found is None:
+        return None
+    return jobenv.read_packages(user, found, timeout)
 
 
 def access_for(settings: ArchiveConfig, uid: int, gid: int) -> tuple[Access, int, int]:

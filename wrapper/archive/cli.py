@@ -66,11 +66,18 @@ def list_archives(user: str | None, since: str | None, as_json: bool) -> None:
 @click.argument("job_id")
 @click.option("--user", metavar="NAME", default=None, help="The job's user (faster lookup).")
 @click.option("--json", "as_json", is_flag=True, help="The whole manifest, as JSON.")
-def show(job_id: str, user: str | None, as_json: bool) -> None:
+@click.option("--rerun", is_flag=True,
+              help="Print only the command line that submits the job's latest attempt again.")
+@click.option("--attempt", type=click.IntRange(min=0), default=None, metavar="N",
+              help="With --rerun: that attempt's command line instead of the latest's.")
+def show(job_id: str, user: str | None, as_json: bool, rerun: bool,
+         attempt: int | None) -> None:
     """Summarize an archived job's manifest: job, attempts, code, exit, files."""
     cfg = _config()
     manifest = store.load_manifest(cfg.paths.archive_root, job_id, user)
-    if as_json:
+    if rerun or attempt is not None:
+        click.echo(rerun_line(manifest, attempt))
+    elif as_json:
         click.echo(json.dumps(manifest, indent=2))
     else:
         click.echo(render_manifest(manifest), nl=False)
@@ -149,6 +156,23 @@ def parse_since(text: str, now: float) -> float:
                                  "nor a duration (12h, 7d)", param_hint="--since") from None
 
 
+def rerun_line(manifest: dict[str, Any], attempt: int | None = None) -> str:
+    """The manifest's command line that reruns ``attempt`` (the latest when None)."""
+    job = (manifest.get("job") or {}).get("id")
+    entry = manifest.get("rerun")
+    if attempt is not None:
+        entry = next((a.get("rerun") for a in manifest.get("attempts") or []
+                      if a.get("attempt") == attempt), None)
+        if entry is None:
+            raise UserInputError(f"job {job} has no attempt {attempt} in its archive")
+    if not isinstance(entry, dict) or not entry.get("command"):
+        why = "; ".join((entry or {}).get("notes") or []) if isinstance(entry, dict) else ""
+        raise UserInputError(f"job {job}'s manifest has no rerun command"
+                             + (f": {why}" if why else " (it was archived by an older "
+                                "jobwrap; the batch script may still be in the archive)"))
+    return str(entry["command"])
+
+
 def render_manifest(manifest: dict[str, Any]) -> str:
     """A manifest, summarized for a terminal."""
     job = manifest.get("job") or {}
@@ -173,6 +197,7 @@ def render_manifest(manifest: dict[str, Any]) -> str:
     elif code:
         lines.append(f"code {code.get('work_dir')}: not a git repository"
                      + (f" ({code['error']})" if code.get("error") else ""))
+    lines += _reproduction(manifest)
     tool = manifest.get("jobwrap") or {}
     lines.append(f"jobwrap {tool.get('version')}, config {tool.get('config_digest')}")
     info = manifest.get("archive") or {}
@@ -193,6 +218,42 @@ def render_manifest(manifest: dict[str, Any]) -> str:
     if files:
         text += "files\n" + "\n".join(files) + "\n"
     return text
+
+
+def _reproduction(manifest: dict[str, Any]) -> list[str]:
+    """Software, environment, packages, data and the rerun line, one line each."""
+    lines = []
+    for node, stack in sorted((manifest.get("software") or {}).items()):
+        if isinstance(stack, dict):
+            found = [f"{label} {stack[key]}" for key, label in
+                     (("driver", "driver"), ("cuda", "CUDA"), ("nccl", "NCCL"),
+                      ("fabric_manager", "Fabric Manager")) if stack.get(key)]
+            lines.append(f"software {node}: " + (", ".join(found) or "nothing read"))
+    env = manifest.get("environment") or {}
+    if env:
+        said = [f"modules {' '.join(env['modules'])}" if env.get("modules") else "",
+                f"venv {env['venv']}" if env.get("venv") else "",
+                f"conda {(env.get('conda') or {}).get('prefix')}" if env.get("conda") else "",
+                "container " + ", ".join(f"{k}={v}" for k, v in env["container"].items())
+                if env.get("container") else "",
+                f"python {env['python']}" if env.get("python") else ""]
+        lines.append("environment (the user's claim): "
+                     + ("; ".join(s for s in said if s) or "nothing named"))
+    python = manifest.get("python") or {}
+    if python:
+        lines.append(f"packages {len(python.get('pip') or [])} pip, "
+                     f"{len(python.get('conda') or [])} conda, from {python.get('prefix')}"
+                     + (f" ({python['error']})" if python.get("error") else ""))
+    for item in manifest.get("data") or []:
+        lines.append(f"data {item.get('directive')}: "
+                     + (f"{item.get('digest_kind')} {item['digest']}" if item.get("digest")
+                        else "no digest"))
+    if manifest.get("seeds"):
+        lines.append("seeds " + " ".join(f"{k}={v}" for k, v in manifest["seeds"].items()))
+    rerun = manifest.get("rerun") or {}
+    if rerun.get("command"):
+        lines.append(f"rerun {rerun['command']}")
+    return lines
 
 
 def _gpus(value: Any) -> str:

@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from wrapper import __version__
-from wrapper.archive import gitfacts
+from wrapper.archive import gitfacts, rerun
 from wrapper.archive.status import ENDED, RUNNING, AttemptSummary, summarize
 from wrapper.errors import JobwrapError
 from wrapper.jobrecord import JobRecord, parse_slurm_time
@@ -66,14 +66,16 @@ MANIFEST = "manifest.json"
 
 
 def build(*, record: JobRecord, parts: list[dict[str, Any]], events: Iterable[dict[str, Any]],
-          config_digest: str, config_source: str, now: float) -> dict[str, Any]:
-    """The manifest of a job from its record, events and the archive's parts."""
+          config_digest: str, config_source: str, now: float,
+          archive_dir: str = "") -> dict[str, Any]:
+    """The manifest of a job from its record, events and the archive's parts;
+    ``archive_dir`` (the job's archive folder) makes the rerun command name its script."""
     parts = sorted(parts, key=lambda p: (int(p.get("attempt", 0)), str(p.get("node", ""))))
     merged = merge_events([*events, *(e for p in parts for e in p.get("events") or [])])
     summaries = summarize(merged)
     attempts = {s.attempt: s.as_dict() for s in summaries}
     slurm: dict[str, Any] = {}
-    software: dict[str, Any] = {}
+    software: dict[str, Any] = dict(rerun.software(merged))
     gpus: dict[str, Any] = {}
     for part in parts:
         number, node = int(part.get("attempt", 0)), str(part.get("node", ""))
@@ -93,8 +95,10 @@ def build(*, record: JobRecord, parts: list[dict[str, Any]], events: Iterable[di
         if part.get("code") is not None:
             entry["code"] = part["code"]
         slurm.update(extra.get("slurm") or {})
-        if extra.get("software") is not None:
-            software[node] = extra["software"]
+        if isinstance(extra.get("software"), Mapping):
+            software[node] = {**software.get(node, {}), **extra["software"]}
+        if part.get("python") is not None:
+            entry["python"] = part["python"]
         if part.get("gpus") is not None:
             gpus[node] = part["gpus"]
     ordered = [attempts[n] for n in sorted(attempts)]
@@ -103,6 +107,8 @@ def build(*, record: JobRecord, parts: list[dict[str, Any]], events: Iterable[di
         entry.setdefault("code", None)
         entry.setdefault("files", {})
         entry.setdefault("parts", {})
+        entry.setdefault("python", None)
+        _reproduction(entry, merged, slurm, record, archive_dir)
     last = ordered[-1] if ordered else None
     final = bool(last and last["status"] == ENDED and last.get("decision") != "requeue")
     return {
@@ -112,12 +118,36 @@ def build(*, record: JobRecord, parts: list[dict[str, Any]], events: Iterable[di
         "job": _job(record, slurm, gpus, ordered, final, _partition(merged)),
         "attempts": ordered,
         "software": software,
+        "environment": last["environment"] if last else None,
+        "python": next((a["python"] for a in reversed(ordered) if a.get("python")), None),
+        "data": last["data"] if last else [],
+        "seeds": (last["environment"] or {}).get("seeds") or {} if last else {},
+        "rerun": last["rerun"] if last else None,
         "code": next((a["code"] for a in reversed(ordered) if a.get("code")), None),
         "jobwrap": {"version": __version__, "config_digest": config_digest,
                     "config_source": config_source},
         "exit": _exit(last, final),
         "archive": _completeness(summaries, parts),
     }
+
+
+def _reproduction(entry: dict[str, Any], events: list[dict[str, Any]], slurm: dict[str, Any],
+                  record: JobRecord, archive_dir: str) -> None:
+    """An attempt's environment (the user's claims), staged data and rerun command."""
+    number = int(entry["attempt"])
+    entry["environment"] = rerun.environment(events, number)
+    entry["data"] = rerun.data(events, number)
+    script = next((f"attempt-{number}/{node}/{f.get('name')}"
+                   for node, files in sorted((entry.get("files") or {}).items())
+                   for f in files if f.get("kind") == "script"
+                   and f.get("status") == "archived"), None)
+    if script and archive_dir:
+        script = os.path.join(archive_dir, script)
+    seeds = (entry["environment"] or {}).get("seeds") or {}
+    entry["rerun"] = rerun.command(
+        job_id=record.job_id, slurm=slurm, work_dir=record.work_dir or None, script=script,
+        seeds={str(k): str(v) for k, v in seeds.items()} if isinstance(seeds, dict) else {},
+        resume_from=rerun.resume_point(events, number), attempt=number)
 
 
 def merge_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

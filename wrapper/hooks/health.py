@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from wrapper.gpu.report import Report
 
 GRES_TTL = 600.0
+VERSION_CHECKS = ("driver", "cuda", "nccl", "fabric_manager", "commands")
 
 
 def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: str,
@@ -45,7 +46,9 @@ def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: s
     warnings = [r.reason for r in report.warnings]
     state.append("health", attempt=ctx.attempt, node=ctx.node, phase=phase,
                  verdict=report.verdict, failures=failures, warnings=warnings,
-                 seconds=round(report.duration_s, 3))
+                 seconds=round(report.duration_s, 3),
+                 # what the version checks read: the manifest's software stack
+                 versions=[r.as_dict() for r in report.results if r.check in VERSION_CHECKS])
     if cfg.metrics.textfile:
         from wrapper import metrics
 

@@ -58,11 +58,17 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         out.flush()
         return 1
     out.flush()
+    extra = {}
+    if environ.get("SLURM_LOCALID", "0") == "0":  # once per node and step
+        from wrapper.archive.jobenv import claims
+
+        # Where the job's environment came from, for the manifest: the user's claims.
+        extra["environment"] = claims(environ)
     try:
         state.append("task-prolog.context", as_user=True, node=ctx.node, hook=ctx.hook,
                      attempt=ctx.attempt, uid=os.getuid(),
                      step=environ.get("SLURM_STEP_ID", ""), task=environ.get("SLURM_PROCID", ""),
-                     context=ctx.as_dict(), exports=values)
+                     context=ctx.as_dict(), exports=values, **extra)
     except JobwrapError as exc:
         log.get().warning("task-prolog.state_unavailable", error=str(exc))
     return EXIT_OK

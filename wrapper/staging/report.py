@@ -77,6 +77,7 @@ class StageItem:
     missing: bool = False
     problems: tuple[str, ...] = ()
     checksums: dict[str, str] = field(default_factory=dict)  # path -> sha256, verify=sha256
+    cache_key: str = ""  # the node cache's key of the source tree (its digest), if cached
 
     @property
     def ok(self) -> bool:
@@ -106,7 +107,7 @@ class StageItem:
                    cache_wait=float(_get(fields, "cache_wait", (int, float))),
                    unpacked=_get(fields, "unpacked", bool),
                    missing=_get(fields, "missing", bool), problems=tuple(problems),
-                   checksums=dict(checksums))
+                   checksums=dict(checksums))  # cache_key: root's alone, never the worker's
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,8 @@ def _serve(worker: Worker, message: dict[str, object], fds: list[int], specs: li
     return StageItem(direction="in", directive=spec.directive, source=manifest.source,
                      dest=spec.dest, files=result.files, bytes=result.bytes,
                      seconds=round(time.monotonic() - started, 6), cache_hit=claim.hit,
-                     cache_wait=round(claim.waited, 6), checksums=result.checksums)
+                     cache_wait=round(claim.waited, 6), checksums=result.checksums,
+                     cache_key=claim.key)
 
 
 class _Batches:
