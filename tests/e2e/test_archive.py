@@ -7,6 +7,8 @@ import json
 import os
 import stat
 import subprocess
+from pathlib import Path
+from typing import Any
 
 from wrapper.sandbox.cluster import Cluster
 
@@ -16,6 +18,7 @@ SCRIPT = """#!/bin/bash
 #SBATCH --output=arch-%j.out
 #SBATCH --open-mode=append
 #JOBWRAP --max-restarts=2
+export SEED=7 LOADEDMODULES=cuda/12.4:nccl/2.18 VIRTUAL_ENV=@VENV@
 srun bash -c 'echo "hello from $SLURMD_NODENAME attempt $JOBWRAP_ATTEMPT"'
 [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] || { echo "ValueError: first try fails"; exit 3; }
 """
@@ -28,7 +31,8 @@ def jobwrap(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_requeued_two_node_job_has_one_archive_with_both_attempts(cluster: Cluster) -> None:
-    job_id = cluster.submit(SCRIPT, name="arch.sh")
+    venv = cluster.runtime / "venv"
+    job_id = cluster.submit(SCRIPT.replace("@VENV@", str(venv)), name="arch.sh")
     info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED"}, timeout=120)
     assert info["JobState"] == "COMPLETED", info
     root = cluster.base / "jobwrap" / "archive" / cluster.spec.user / job_id
@@ -63,6 +67,38 @@ def test_requeued_two_node_job_has_one_archive_with_both_attempts(cluster: Clust
     assert "user_error" in text and "requeue" in text and "success" in text
     show = jobwrap(cluster, "archive", "show", job_id, "--json")
     assert json.loads(show.stdout)["job"]["id"] == job_id
+    _check_reproduction(cluster, job_id, manifest, venv)
+
+
+def _check_reproduction(cluster: Cluster, job_id: str, manifest: dict[str, Any],
+                        venv: Path) -> None:
+    """The manifest says what ran it, where its environment came from, and reruns it."""
+    for node in ("n1", "n2"):  # root's version checks, read in the hooks (fake probe)
+        stack = manifest["software"][node]
+        assert (stack["driver"], stack["cuda"]) == ("550.54.15", "12.4"), stack
+    env = manifest["environment"]  # the srun step saw what the script exported
+    assert env["source"] == "user" and env["modules"] == ["cuda/12.4", "nccl/2.18"], env
+    assert env["venv"] == str(venv) and manifest["seeds"] == {"SEED": "7"}
+    python = manifest["python"]
+    assert python["kind"] == "venv" and python["error"] == "", python
+    assert any(line.startswith("click==") for line in python["pip"]), python["pip"]
+    assert any(line.startswith("jobwrap==") for line in python["pip"]), python["pip"]
+    command = manifest["rerun"]["command"]
+    assert "--nodes=2" in command and "SEED=7" in command, command
+    assert "--gres=gpu:1" in command or "--gpus=2" in command, command
+    printed = jobwrap(cluster, "archive", "show", job_id, "--rerun")
+    assert (printed.returncode, printed.stdout) == (0, command + "\n"), printed.stderr
+    # the line submits the same job again (held, then cancelled)
+    res = cluster.as_user(["bash", "-c", command + " --hold --parsable"], check=False)
+    assert res.returncode == 0, res.stderr
+    again = res.stdout.strip().split(";")[0]
+    try:
+        info = cluster.job(again)
+        assert info["NumNodes"].split("-")[0] == "2", info
+        assert "gpu" in info.get("TresPerNode", "") + info.get("TresPerJob", ""), info
+        assert info["WorkDir"] == str(cluster.work)
+    finally:
+        cluster.as_user(["scancel", again], check=False)
 
 
 def test_symlinked_output_to_a_root_only_file_is_not_archived(cluster: Cluster) -> None:

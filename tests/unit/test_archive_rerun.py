@@ -188,6 +188,11 @@ def test_the_rerun_command_replays_slurms_options_seeds_and_resume_point() -> No
                          "--gres=gpu:1", "--mem=8G", "--chdir=/w d",
                          "--export=ALL,SEED=3,JOBWRAP_RESUME_FROM=/ck/step-9"]
     assert any("BAD_SEED" in n for n in made["notes"])
+    json_record = rerun.command(job_id="9", slurm={"ReqTRES": "cpu=2,node=2,gres/gpu=4",
+                                                   "MinMemoryNode": "0"},
+                                work_dir=None, script="s.gz", seeds={}, resume_from=None,
+                                attempt=0)
+    assert json_record["options"] == ["--nodes=2", "--gpus=4"]
     none = rerun.command(job_id="9", slurm={}, work_dir=None, script=None, seeds={},
                          resume_from=None, attempt=0)
     assert none["command"] is None and "not in the archive" in none["notes"][0]

@@ -144,7 +144,8 @@ def command(*, job_id: str, slurm: Mapping[str, Any], work_dir: str | None,
                       ("--reservation", "Reservation"), ("--constraint", "Features")):
         if text(key):
             options.append(f"{flag}={text(key)}")
-    nodes = text("NumNodes")
+    tres = dict(t.partition("=")[::2] for t in text("ReqTRES").split(",") if "=" in t)
+    nodes = text("NumNodes") or tres.get("node", "")
     if re.fullmatch(r"\d+(-\d+)?", nodes):
         options.append(f"--nodes={nodes}")
     for flag, key in (("--ntasks", "NumTasks"), ("--cpus-per-task", "CPUs/Task")):
@@ -154,9 +155,11 @@ def command(*, job_id: str, slurm: Mapping[str, Any], work_dir: str | None,
         ",gres:", ",")
     if gres:
         options.append(f"--gres={gres}")
-    if text("MinMemoryNode"):
+    elif tres.get("gres/gpu", "").isdigit():  # the job's GPUs in all
+        options.append(f"--gpus={tres['gres/gpu']}")
+    if text("MinMemoryNode") not in ("", "0"):  # 0 would ask for all of each node's memory
         options.append(f"--mem={text('MinMemoryNode')}")
-    elif text("MinMemoryCPU"):
+    elif text("MinMemoryCPU") not in ("", "0"):
         options.append(f"--mem-per-cpu={text('MinMemoryCPU')}")
     if work_dir:
         options.append(f"--chdir={work_dir}")
