@@ -28,8 +28,17 @@ Schema (version 1; ``docs/manifest.md`` says the same at more length)::
                      reason, excluded (nodes), staging ({node: summary}), code (the git
                      facts read at its end), files ({node: [file]}), parts ({node:
                      {archived_at, complete, recovered_by, problems}})
-    software         {node: what the epilog passed: driver, CUDA, NCCL, baseline, Python and
-                     packages, ...}, from the latest attempt that reported it
+    software         {node: {driver, cuda, nccl, nccl_path, fabric_manager, commands, checks,
+                     phase, attempt, measured_at}}: what root's version checks read
+                     (its latest ``health`` record there), plus what the epilog passed
+    environment      the latest attempt's task-prolog claims (modules, container, conda,
+                     venv, python, seeds), ``source: "user"``
+    python           {kind, prefix, python_version, site_packages, pip, conda, truncated,
+                     error}: the job Python's packages, read as the user, running nothing
+    data             [{directive, source, dest, files, bytes, digest, digest_kind, node}]
+    seeds            {name: value} (claims)
+    rerun            {attempt, command, resume_from, options, notes} of the latest attempt
+                     (each attempt also has its own environment, data, python and rerun)
     code             the latest attempt's git facts: {work_dir, repository, commit, branch,
                      dirty, changes, error}, read from .git (no git is run)
     jobwrap          {version, config_digest, config_source}
