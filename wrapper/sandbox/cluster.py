@@ -133,7 +133,9 @@ class Cluster:
         self._write_configs()
         self._start_munge()
         try:
+            log(f"starting slurmctld and slurmd {', '.join(self.spec.nodes)} ...")
             self._start_daemons()
+            log("waiting for the nodes to register idle ...")
             self.wait_idle()
         except BaseException:
             self.down()
@@ -256,8 +258,9 @@ class Cluster:
         nodes = "\n".join(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
             f"CPUs={spec.cpus_per_node} RealMemory=2000 Gres=gpu:{spec.gpus_per_node} "
-            "State=UNKNOWN"
-            for name, port in zip(spec.nodes, spec.node_ports, strict=True))
+            f"Weight={weight} State=UNKNOWN"  # idle nodes are filled in order: n1 first
+            for weight, (name, port) in enumerate(zip(spec.nodes, spec.node_ports,
+                                                      strict=True), start=1))
         rt = self.runtime
         b = self.base
         self.conf.write_text(f"""# written by jobwrap sandbox; a throwaway cluster on one host
