@@ -20,7 +20,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +129,8 @@ class Cluster:
         ensure_user(self.spec.user)
         self._layout()
         log("installing this checkout into the sandbox runtime ...")
-        self._install_runtime()
+        with ticking(log, "installing the runtime"):
+            self._install_runtime()
         self._write_configs()
         self._start_munge()
         try:
@@ -482,6 +483,27 @@ epilog_budget = 100
 
 
 # -- host helpers ------------------------------------------------------------------------
+@contextlib.contextmanager
+def ticking(log: Any, what: str, every: float = 3.0) -> Iterator[None]:
+    """Log a progress line every ``every`` seconds until the block ends: nothing silent."""
+    import threading
+
+    done = threading.Event()
+    start = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every):
+            log(f"  ... {what} ({time.monotonic() - start:.0f} s)")
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def ensure_packages(log: Any = print) -> None:
     """Install Slurm and munge from Debian's packages when any of their programs is missing."""
     missing = [p for p in PROGRAMS if not shutil.which(p, path=os.environ.get("PATH", "")
