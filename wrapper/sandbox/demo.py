@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -54,6 +53,17 @@ TRAIN_JOB = """#!/bin/bash
 #JOBWRAP --checkpoint-dir=ckpt-demo --max-restarts=2
 # a toy training loop: 8 steps, a checkpoint per step; the first attempt is killed at step 4
 CRASH_AT=4 CRASH_HOW=kill python3 toy_train.py 8 0.3
+"""
+
+MAKE_DATASET = """import os, shutil, sys
+data = sys.argv[1]
+shutil.rmtree(data, ignore_errors=True)
+os.makedirs(os.path.join(data, "shards"))
+for i in range(200):
+    with open(os.path.join(data, "shards", f"part-{i:04d}.bin"), "wb") as f:
+        f.write(os.urandom(4096))
+with open(os.path.join(data, "labels.bin"), "wb") as f:
+    f.write(os.urandom(4 * 2**20))
 """
 
 # A training launcher as a user would start it on a login node: a program named torchrun.
@@ -128,14 +138,8 @@ def bad_gpu(cluster: Cluster, echo: Echo) -> dict[str, Any]:
 def staging(cluster: Cluster, echo: Echo) -> dict[str, Any]:
     header(echo, 2, "a dataset staged to node-local scratch; the second job hits the cache")
     data = cluster.work / "dataset"
-    shutil.rmtree(data, ignore_errors=True)
-    (data / "shards").mkdir(parents=True)
-    for i in range(200):
-        (data / "shards" / f"part-{i:04d}.bin").write_bytes(os.urandom(4096))
-    (data / "labels.bin").write_bytes(os.urandom(4 * 2**20))
-    user = pwd.getpwnam(cluster.spec.user)
-    for path in [data, *data.rglob("*")]:
-        os.lchown(path, user.pw_uid, user.pw_gid)
+    # made by the user, with the user's rights: root writes nothing in the user's folder
+    cluster.as_user(["python3", "-c", MAKE_DATASET, str(data)], timeout=60)
     files = [p for p in data.rglob("*") if p.is_file()]
     size = sum(p.stat().st_size for p in files) / 2**20
     echo(f"dataset {data}: {len(files)} files, {size:.1f} MiB, the user's; each job asks "
