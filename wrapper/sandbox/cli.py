@@ -61,7 +61,7 @@ def status(base: Path) -> None:
 @_base
 @click.option("--keep", is_flag=True, help="Leave the cluster running afterwards.")
 def demo(base: Path, keep: bool) -> None:
-    """Bring the cluster up, run a 2-node GPU job as the test user, show what each hook saw."""
+    """Bring the cluster up and show jobwrap at work in six labelled parts (README)."""
     from wrapper.sandbox.demo import run_demo
 
     cluster = _cluster(base)

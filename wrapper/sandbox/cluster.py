@@ -20,7 +20,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,11 +129,14 @@ class Cluster:
         ensure_user(self.spec.user)
         self._layout()
         log("installing this checkout into the sandbox runtime ...")
-        self._install_runtime()
+        with ticking(log, "installing the runtime"):
+            self._install_runtime()
         self._write_configs()
         self._start_munge()
         try:
+            log(f"starting slurmctld and slurmd {', '.join(self.spec.nodes)} ...")
             self._start_daemons()
+            log("waiting for the nodes to register idle ...")
             self.wait_idle()
         except BaseException:
             self.down()
@@ -256,8 +259,9 @@ class Cluster:
         nodes = "\n".join(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
             f"CPUs={spec.cpus_per_node} RealMemory=2000 Gres=gpu:{spec.gpus_per_node} "
-            "State=UNKNOWN"
-            for name, port in zip(spec.nodes, spec.node_ports, strict=True))
+            f"Weight={weight} State=UNKNOWN"  # idle nodes are filled in order: n1 first
+            for weight, (name, port) in enumerate(zip(spec.nodes, spec.node_ports,
+                                                      strict=True), start=1))
         rt = self.runtime
         b = self.base
         self.conf.write_text(f"""# written by jobwrap sandbox; a throwaway cluster on one host
@@ -479,6 +483,27 @@ epilog_budget = 100
 
 
 # -- host helpers ------------------------------------------------------------------------
+@contextlib.contextmanager
+def ticking(log: Any, what: str, every: float = 3.0) -> Iterator[None]:
+    """Log a progress line every ``every`` seconds until the block ends: nothing silent."""
+    import threading
+
+    done = threading.Event()
+    start = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every):
+            log(f"  ... {what} ({time.monotonic() - start:.0f} s)")
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def ensure_packages(log: Any = print) -> None:
     """Install Slurm and munge from Debian's packages when any of their programs is missing."""
     missing = [p for p in PROGRAMS if not shutil.which(p, path=os.environ.get("PATH", "")

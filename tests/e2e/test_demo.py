@@ -1,0 +1,63 @@
+"""``jobwrap sandbox demo`` end to end on the real cluster: each part shows what it claims.
+
+The demo runs here on the session's shared cluster (``jobwrap sandbox demo`` adds only
+bringing a cluster up and down, which every e2e session does through the same class),
+so a change that breaks any of its six parts fails this test instead of a new admin's
+first run.
+"""
+
+from __future__ import annotations
+
+import psutil
+
+from wrapper.sandbox.cluster import Cluster
+from wrapper.sandbox.demo import PARTS, run_demo
+
+
+def test_the_demo_tells_each_part(cluster: Cluster) -> None:
+    cluster.wait_idle(timeout=60)
+    lines: list[str] = []
+    shown = run_demo(cluster, lines.append)
+    text = "\n".join(lines)
+    headers = [line for line in lines if line.startswith("\n=== part ")]
+    assert [h.split()[2] for h in headers] == [f"{n}/{PARTS}:" for n in range(1, PARTS + 1)]
+
+    # 1. the faulty GPU's node drained with jobwrap's reason; the job ran on the other
+    bad = shown["bad_gpu"]
+    assert bad["state"].startswith("drain"), bad
+    assert bad["reason"].startswith("jobwrap: row_remap gpu0(GPU-"), bad
+    assert bad["job_state"] == "COMPLETED" and bad["ran_on"] == "n2", bad
+    assert bad["held"] is False
+    assert "failed its health check" in bad["output"] and "ran on n2" in bad["output"]
+    assert set(cluster.node_states().values()) == {"idle"}  # the demo put n1 back
+
+    # 2. staged in once from the user's tree, the second time from the node's cache
+    first, second = shown["staging"]["runs"]
+    assert first["files"] == second["files"] == 201, shown["staging"]
+    assert first["cache_hits"] == 0 and second["cache_hits"] >= 1, shown["staging"]
+
+    # 3. killed at step 4, resumed from step 4's checkpoint, no step lost or repeated
+    train = shown["resume"]
+    assert train["job_state"] == "COMPLETED", train
+    assert "crashing: kill" in train["output"] and "start=4" in train["output"]
+    assert train["output"].rstrip().endswith("done sum 36"), train["output"]
+    assert "2 attempts" in train["status"] and "decision     requeue" in train["status"]
+
+    # 4. the archive lists the job and shows its manifest
+    job = train["job"]
+    assert any(line.split()[:1] == [job] for line in shown["archive"]["list"].splitlines())
+    assert f"job {job} (demo-train)" in shown["archive"]["show"]
+    assert "archive complete" in shown["archive"]["show"]
+
+    # 5. the guard's dry run names the user's torchrun, and the demo stopped it
+    guard = shown["login_guard"]
+    assert guard["returncode"] == 0
+    assert f"  {cluster.spec.user} ai: " in guard["report"] and "torchrun" in guard["report"]
+    assert f"may act on: {guard['pid']}" in guard["report"]
+    assert not psutil.pid_exists(int(guard["pid"])) or \
+        psutil.Process(int(guard["pid"])).status() == psutil.STATUS_ZOMBIE
+
+    # 6. doctor passes on the sandbox
+    assert shown["doctor"]["returncode"] == 0, shown["doctor"]["report"]
+    assert " 0 failed" in shown["doctor"]["report"]
+    assert "Traceback" not in text
