@@ -1,4 +1,4 @@
-"""Fixtures shared by every tier: a clean structlog per test, and a hostile path."""
+"""Fixtures shared by every tier: a clean log (ours and structlog) per test, and a hostile path."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from wrapper import log
+
 # The real non-root test user and a folder it can reach, for every module.
 pytest_plugins = ["tests.support", "tests.sandbox"]
 
@@ -16,9 +18,11 @@ pytest_plugins = ["tests.support", "tests.sandbox"]
 def _reset_structlog() -> Iterator[None]:
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
+    log.reset()
     yield
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
+    log.reset()
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """``python -m wrapper`` is ``jobwrap``."""
 
-from wrapper.cli import main
+from wrapper.entry import main
 
 main()

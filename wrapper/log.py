@@ -1,29 +1,51 @@
 """Structured logs: JSON lines to a file, and a stderr line fit for a terminal or journald.
 
 Configured only by the entry point (never at import). Every event carries the context
-bound with :func:`bind` (hook, job_id, node, attempt) through structlog's contextvars.
+bound with :func:`bind` (hook, job_id, node, attempt).
+
+The pipeline is structlog's (bound context, level filter, ISO UTC timestamp, formatted
+exception, then our sinks) written out here in a few lines, because importing structlog
+itself pulls in asyncio and ssl (its loggers are async-capable): well over half the
+prolog's import time, on the start path of every job. structlog is still what renders
+the ``console`` form, and what :func:`get` returns in a process that never called
+:func:`configure` (structlog's defaults, as before; tests capture it with
+``structlog.testing``). :func:`reset` returns to that state.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
-import structlog
-
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+# Method name -> (level value, the level an event is shown with), as structlog's.
+_METHODS = {**{name: (value, name) for name, value in _LEVELS.items()},
+            "warn": (30, "warning"), "exception": (40, "error"), "fatal": (50, "critical"),
+            "msg": (20, "info")}
+
+_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("jobwrap_log")
+_sinks: _Sinks | None = None  # None: not configured, get() is structlog's
+_min_level = 20
 
 
 def bind(**context: Any) -> None:
     """Attach context (hook, job_id, node, attempt, ...) to every later event."""
-    structlog.contextvars.bind_contextvars(**{k: v for k, v in context.items() if v is not None})
+    _context.set({**_context.get({}), **{k: v for k, v in context.items() if v is not None}})
+
+
+def reset() -> None:
+    """Forget the configuration and the bound context (tests: one clean log per test)."""
+    global _sinks
+    _sinks = None
+    _context.set({})
 
 
 class _Sinks:
-    """The final processor: renders each event once per sink and writes it there."""
+    """The end of the pipeline: renders each event once per sink and writes it there."""
 
     def __init__(self, file: TextIO | None, stderr: TextIO, stderr_format: str,
                  max_bytes: int = 0) -> None:
@@ -32,10 +54,13 @@ class _Sinks:
         self.size = os.fstat(file.fileno()).st_size if file is not None and max_bytes else 0
         self.stderr = stderr
         self.stderr_format = stderr_format
-        self._console = structlog.dev.ConsoleRenderer(colors=False) \
-            if stderr_format == "console" else None
+        self._console: Callable[[Any, str, dict[str, Any]], Any] | None = None
+        if stderr_format == "console":  # a terminal: worth structlog's import
+            import structlog.dev
 
-    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> Any:
+            self._console = structlog.dev.ConsoleRenderer(colors=False)
+
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> None:
         if self.file is not None:
             line = json.dumps(event, default=str) + "\n"
             if self.max_bytes and self.size + len(line) > self.max_bytes:
@@ -60,7 +85,6 @@ class _Sinks:
             self.stderr.flush()
         except (OSError, ValueError):
             pass
-        raise structlog.DropEvent
 
 
 def _logfmt(event: MutableMapping[str, Any]) -> str:
@@ -76,15 +100,73 @@ def _logfmt(event: MutableMapping[str, Any]) -> str:
     return " ".join([head, *rest])
 
 
+def _timestamp() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def _exception_text(exc_info: Any) -> str | None:
+    """An ``exc_info`` value (True, an exception, a sys.exc_info() tuple) as its traceback."""
+    if isinstance(exc_info, BaseException):
+        exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+    elif not (isinstance(exc_info, tuple) and len(exc_info) == 3):
+        exc_info = sys.exc_info() if exc_info else None
+    if not exc_info or exc_info[0] is None:
+        return None
+    import traceback
+
+    text = "".join(traceback.format_exception(*exc_info))
+    return text[:-1] if text.endswith("\n") else text
+
+
+class _Logger:
+    """The few methods jobwrap logs with, as structlog's filtering bound logger has them."""
+
+    def __init__(self, context: dict[str, Any]) -> None:
+        self._bound = context
+
+    def bind(self, **context: Any) -> _Logger:
+        return _Logger({**self._bound, **context})
+
+    def __getattr__(self, method: str) -> Callable[..., None]:
+        if method not in _METHODS:
+            raise AttributeError(method)
+        value, level = _METHODS[method]
+
+        def emit(event: str, *args: Any, **kw: Any) -> None:
+            if value < _min_level or _sinks is None:
+                return
+            if method == "exception":
+                kw.setdefault("exc_info", True)
+            if args:
+                event = event % (args[0] if len(args) == 1 and isinstance(args[0], dict)
+                                 and args[0] else args)
+            # Key order as structlog's: bound, the call's, event, context, level, time.
+            record: dict[str, Any] = {**self._bound, **kw, "event": event}
+            for key, bound in _context.get({}).items():
+                record.setdefault(key, bound)
+            record["level"] = level
+            record["timestamp"] = _timestamp()
+            if "exc_info" in record:
+                text = _exception_text(record.pop("exc_info"))
+                if text is not None:
+                    record["exception"] = text
+            _sinks(self, method, record)
+
+        return emit
+
+
 def configure(*, file: str = "", level: str = "info", stderr_format: str = "auto",
               stderr: TextIO | None = None, file_fd: int | None = None,
               max_bytes: int = 0) -> None:
-    """Set up structlog for this process. A log file we cannot open is not fatal.
+    """Set up logging for this process. A log file we cannot open is not fatal.
 
     ``file_fd``: an already open log (root opened it before dropping rights), used in
     place of ``file``. ``max_bytes``: past it one ``log.capped`` line is written, then
     nothing more.
     """
+    global _sinks, _min_level
     err = stderr if stderr is not None else sys.stderr
     if stderr_format == "auto":
         stderr_format = "console" if err.isatty() else "logfmt"
@@ -99,20 +181,15 @@ def configure(*, file: str = "", level: str = "info", stderr_format: str = "auto
             sink_file = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as exc:
             problem = f"{file}: {exc.strerror}"
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            _Sinks(sink_file, err, stderr_format, max_bytes),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, 20)),
-        cache_logger_on_first_use=False,
-    )
+    _sinks = _Sinks(sink_file, err, stderr_format, max_bytes)
+    _min_level = _LEVELS.get(level, 20)
     if problem:
-        structlog.get_logger().warning("log.file_unavailable", detail=problem)
+        get().warning("log.file_unavailable", detail=problem)
 
 
 def get(name: str = "jobwrap") -> Any:
-    return structlog.get_logger(name)
+    if _sinks is None:
+        import structlog
+
+        return structlog.get_logger(name)
+    return _Logger({})

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 GRES_TTL = 600.0
 VERSION_CHECKS = ("driver", "cuda", "nccl", "fabric_manager", "commands")
+SCONTROL_FACTS = "scontrol.json"  # in <state_dir>/nodes: what this node's scontrol can do
 
 
 def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: str,
@@ -90,6 +91,61 @@ def configured_gres(cfg: Config, node: str, backend: SlurmBackend) -> int | None
     except OSError as exc:
         log.get().warning("health.gres_cache_unwritable", error=str(exc))
     return gpus
+
+
+def _scontrol_identity(cfg: Config) -> list[int | str] | None:
+    """The scontrol the backend runs, as (path, inode, size, mtime): changes on an upgrade."""
+    import shutil
+
+    path = shutil.which(cfg.slurm.scontrol_command)
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [path, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def recall_scontrol(cfg: Config, backend: SlurmBackend) -> None:
+    """Spare the prolog a failing ``scontrol --json`` per job where this scontrol has none.
+
+    Slurm before 23.02 answers ``--json`` with an error: found once, kept in root's node
+    state with the binary's identity, so an upgraded scontrol is asked again.
+    """
+    from wrapper.slurm import CliBackend
+
+    if not isinstance(backend, CliBackend) or backend.json_supported is not None:
+        return
+    try:
+        data = json.loads((Path(cfg.paths.state_dir) / "nodes" / SCONTROL_FACTS).read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(data, dict) and data.get("json") is False and \
+            data.get("scontrol") == _scontrol_identity(cfg):
+        backend.json_supported = False
+
+
+def remember_scontrol(cfg: Config, backend: SlurmBackend) -> None:
+    """Keep what the backend found out about ``scontrol --json`` (see recall_scontrol)."""
+    from wrapper.slurm import CliBackend
+
+    if not isinstance(backend, CliBackend) or backend.json_supported is not False:
+        return
+    cache = Path(cfg.paths.state_dir) / "nodes" / SCONTROL_FACTS
+    facts = {"json": False, "scontrol": _scontrol_identity(cfg)}
+    try:
+        if json.loads(cache.read_text()) == facts:
+            return
+    except (OSError, ValueError):
+        pass
+    try:
+        cache.parent.mkdir(mode=0o755, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(facts))
+        tmp.replace(cache)
+    except OSError as exc:
+        log.get().warning("health.scontrol_facts_unwritable", error=str(exc))
 
 
 def unchecked(cfg: Config, state: JobState, ctx: JobContext, error: JobwrapError, *,

@@ -10,7 +10,7 @@ from wrapper import jobrecord, log, slurm
 from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
-from wrapper.hooks.health import check_node, unchecked
+from wrapper.hooks.health import check_node, recall_scontrol, remember_scontrol, unchecked
 from wrapper.slurm.context import JobContext
 from wrapper.state import USER_EVENTS
 
@@ -23,6 +23,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> in
     state.append("prolog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                  context=ctx.as_dict())
     backend = slurm.backend(cfg.slurm)
+    recall_scontrol(cfg, backend)
     gathered = jobrecord.gather_in_background(ctx, backend)
     if cfg.checks.prolog:
 
@@ -42,6 +43,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> in
                                                  ctx.node), detach.hook_env(cfg.source))
                 return EXIT_UNHEALTHY
     record = gathered()
+    remember_scontrol(cfg, backend)
     state.write_json(jobrecord.RECORD, record.as_dict())
     if record.options_error:
         # The user's mistake: say so where they look, never hold the node responsible.
