@@ -78,7 +78,7 @@ def user_jobwrap() -> Iterator[str]:
     # Shaped like the console script pip writes, so the process looks the same.
     program.write_text(f"#!{os.path.realpath(sys.executable)}\nimport sys\n"
                        f"sys.path.insert(0, {str(lib)!r})\n"
-                       "from wrapper.cli import main\nsys.exit(main())\n")
+                       "from wrapper.entry import main\nsys.exit(main())\n")
     for path in [base, *base.rglob("*")]:
         os.chmod(path, 0o755 if path.is_dir() or path == program else 0o644)
     yield str(program)
