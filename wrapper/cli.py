@@ -106,7 +106,9 @@ def supervise(job_id: str) -> None:
 @cli.command(hidden=True)
 @click.argument("job_id")
 @click.option("--exclude", multiple=True, help="Nodes this job must not run on again.")
-def release(job_id: str, exclude: tuple[str, ...]) -> None:
+@click.option("--running-grace", type=float, default=0.0, hidden=True,
+              help="Seconds a job still RUNNING is waited for (started by a failing prolog).")
+def release(job_id: str, exclude: tuple[str, ...], running_grace: float) -> None:
     """Make a requeued job eligible as soon as Slurm allows (started by the epilog)."""
     from wrapper import config, log
     from wrapper.release import release as do_release
@@ -114,7 +116,7 @@ def release(job_id: str, exclude: tuple[str, ...]) -> None:
     cfg = config.load(_config_path())
     log.configure(file=cfg.log.file, level=cfg.log.level, stderr_format="logfmt")
     log.bind(hook="release", job_id=job_id)
-    sys.exit(0 if do_release(job_id, cfg, list(exclude)) else 1)
+    sys.exit(0 if do_release(job_id, cfg, list(exclude), running_grace=running_grace) else 1)
 
 
 @cli.command("run", context_settings={"allow_interspersed_args": False,

@@ -17,12 +17,16 @@ from wrapper.errors import JobwrapError
 
 
 def release(job_id: str, cfg: Config, exclude: list[str], *, timeout: float = 120,
-            sleep: Callable[[float], None] = time.sleep) -> bool:
+            sleep: Callable[[float], None] = time.sleep, running_grace: float = 0.0) -> bool:
+    """``running_grace``: seconds during which a job still shown RUNNING or CONFIGURING is
+    waited for. The prolog starts this before it exits with its failure, so Slurm has not
+    requeued the job yet; the epilog starts it after the job ended (no grace)."""
     from wrapper import slurm
 
     backend = slurm.backend(cfg.slurm)
     logger = log.get()
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     while time.monotonic() < deadline:
         try:
             current = backend.job_state(job_id)
@@ -38,7 +42,10 @@ def release(job_id: str, cfg: Config, exclude: list[str], *, timeout: float = 12
                 return False
             logger.info("release.done", job_id=job_id, exclude=exclude)
             return True
-        if current not in ("COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", ""):
+        waiting: tuple[str, ...] = ("COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "")
+        if time.monotonic() - start < running_grace:
+            waiting += ("RUNNING", "CONFIGURING")
+        if current not in waiting:
             logger.info("release.not_pending", job_id=job_id, state=current)
             return False
         sleep(0.2)

@@ -39,8 +39,11 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> in
 
                 state.append("prolog.unhealthy", attempt=ctx.attempt, node=ctx.node,
                              reason=report.drain_reason())
+                # Slurm requeues the job only once this prolog has exited: until then
+                # it is still RUNNING, which the release waits out.
                 detach.spawn(detach.jobwrap_argv("release", ctx.job_id, "--exclude",
-                                                 ctx.node), detach.hook_env(cfg.source))
+                                                 ctx.node, "--running-grace", "30"),
+                             detach.hook_env(cfg.source))
                 return EXIT_UNHEALTHY
     record = gathered()
     remember_scontrol(cfg, backend)
