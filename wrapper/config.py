@@ -11,7 +11,6 @@ would cost more than the prolog's whole budget, and dataclasses' generated metho
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -52,7 +51,9 @@ class Section:
     _fields: ClassVar[dict[str, Opt]] = {}
 
     def __init_subclass__(cls) -> None:
-        annotations = inspect.get_annotations(cls)
+        # The class's own (string) annotations, as inspect.get_annotations gives them;
+        # inspect itself is too heavy for the prolog's start path.
+        annotations = cls.__dict__.get("__annotations__", {})  # noqa: RUF063
         cls._fields = {}
         for name, value in list(vars(cls).items()):
             if isinstance(value, Opt):

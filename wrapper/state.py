@@ -21,8 +21,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
-import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -106,13 +104,15 @@ class JobState:
         from wrapper import log
 
         jobs = self.state_dir / "jobs"
-        aside = f".stale-{self.job_id}-{secrets.token_hex(4)}"
+        aside = f".stale-{self.job_id}-{os.urandom(4).hex()}"
         fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             with contextlib.suppress(FileNotFoundError):  # another node's prolog did it
                 os.rename(self.job_id, aside, src_dir_fd=fd, dst_dir_fd=fd)
             log.get().warning("state.stale_job_dir", path=str(self.path), why=why)
             with contextlib.suppress(OSError):  # fd-based: never follows a symlink in it
+                import shutil  # only for a stale folder: not on every prolog's path
+
                 shutil.rmtree(aside, dir_fd=fd)
         finally:
             os.close(fd)
