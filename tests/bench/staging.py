@@ -3,7 +3,8 @@
 
 * stage-large: 1 GiB in 8 files; goal: at least 0.9 times the speed of ``cp -r``.
 * stage-small: 20,000 files of 10 KiB (100 folders of 200, as sharded datasets come);
-  goal: at least 3 times the speed of ``rsync -a``.
+  goal: at least 3 times the speed of ``rsync -a``, and at least the speed of ``cp -r``
+  (the kernel's own per-file floor, one file at a time), both anchors in the same run.
 * stage-cached: re-staging the 1 GiB set from the node cache, against its first copy
   (which fills the cache); goal: at least 20 times faster.
 
@@ -21,10 +22,11 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -83,12 +85,13 @@ def _stage(base: Path, source: Path, cache: Cache | None = None) -> float:
     return time.perf_counter() - started
 
 
-def _tool(argv: Callable[[Path], list[str]], base: Path) -> Callable[[], float]:
+def _tool(argv: Callable[[Path], list[str]], base: Path,
+          name: str = "tool") -> Callable[[], float]:
     """Seconds one run of a command takes, writing into a new folder each time."""
     runs = itertools.count()
 
     def run() -> float:
-        output = base / f"tool-{next(runs)}"
+        output = base / f"{name}-{next(runs)}"
         os.sync()
         return time_command(argv(output))
 
@@ -112,16 +115,53 @@ def large_main() -> int:
     return verdict("stage-large", "ratio_vs_cp", cp / ours, ">=", 0.9)
 
 
+def _rotate(runs: Sequence[Callable[[], float]], *, rounds: int,
+            warmup: int) -> list[float]:
+    """Median seconds of each run, taken in turn with the order rotating every round, so
+    that the machine's drift (and whoever runs first after a sync) hits them all alike."""
+    for _ in range(warmup):
+        for run in runs:
+            run()
+    times: list[list[float]] = [[] for _ in runs]
+    for i in range(rounds):
+        for k in range(len(runs)):
+            j = (i + k) % len(runs)
+            times[j].append(runs[j]())
+    return [statistics.median(t) for t in times]
+
+
 def small_main() -> int:
     _need("rsync")
+    _need("cp")
     with _workspace("small") as base:
         source = _small_dataset(base / "ds")
-        ours, rsync = alternate(lambda: _stage(base, source),
-                                _tool(lambda out: ["rsync", "-a", f"{source}/", f"{out}/"],
-                                      base), rounds=5, warmup=1)
-    print(f"stage-small: 20,000 files of 10 KiB: jobwrap {ours:.2f} s, rsync -a {rsync:.2f} s "
-          "(medians)")
-    return verdict("stage-small", "ratio_vs_rsync", rsync / ours, ">=", 3)
+        ours, rsync, cp = _rotate(
+            [lambda: _stage(base, source),
+             _tool(lambda out: ["rsync", "-a", f"{source}/", f"{out}/"], base, "rsync"),
+             _tool(lambda out: ["cp", "-r", str(source), str(out)], base, "cp")],
+            rounds=7, warmup=1)
+        # The default configuration stages through the node cache: the first job fills
+        # it (root copies from the worker's descriptors), the next one links from it.
+        caches = itertools.count()
+        warm = Cache(base / "cache-warm", max_bytes=4 << 30)
+        _stage(base, source, warm)
+
+        def first_copy() -> float:
+            fresh = Cache(base / f"cache-{next(caches)}", max_bytes=4 << 30)
+            seconds = _stage(base, source, fresh)
+            fresh.close()
+            return seconds
+
+        first, cached = _rotate([first_copy, lambda: _stage(base, source, warm)], rounds=3,
+                                warmup=0)
+        warm.close()
+    print(f"stage-small: 20,000 files of 10 KiB: jobwrap {ours:.2f} s, rsync -a {rsync:.2f} s, "
+          f"cp -r {cp:.2f} s (medians)")
+    print(f"stage-small through the node cache: first stage {first:.2f} s "
+          f"({rsync / first:.2f}x rsync -a), cached {cached:.2f} s ({first / cached:.1f}x the "
+          "first) (medians)")
+    return max(verdict("stage-small", "ratio_vs_cp", cp / ours, ">=", 1),
+               verdict("stage-small", "ratio_vs_rsync", rsync / ours, ">=", 3))
 
 
 def cached_main() -> int:

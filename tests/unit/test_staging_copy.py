@@ -300,3 +300,36 @@ def test_a_folder_swapped_for_a_symlink_after_the_scan_is_not_followed(tmp_path:
         with pytest.raises(UserInputError, match="folder 'sub' changed while it was being "
                                                  "staged"):
             tree.open(entry)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o666, 0o600, 0o444, 0o755])
+def test_a_copy_gets_the_mode_asked_for_whatever_the_umask(tmp_path: Path, mode: int) -> None:
+    """Files are made with their final mode (no chmod when the umask leaves it whole);
+    a umask that takes bits away is undone by a chmod, never left in place."""
+    source = tmp_path / "src.bin"
+    source.write_bytes(b"x" * 100)
+    entry = _entry(source)
+    old = os.umask(0o077)
+    fd = os.open(source, os.O_RDONLY)
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        engine.write_file(fd, entry, dir_fd, "dst", label="dst", mode=mode, verify="size")
+    finally:
+        os.umask(old)
+        os.close(fd)
+        os.close(dir_fd)
+    info = (tmp_path / "dst").stat()
+    assert (info.st_mode & 0o7777, info.st_size) == (mode, 100)
+    assert info.st_mtime_ns == entry.mtime_ns
+
+
+def test_sync_filesystem_syncs_one_file_system_and_reports_errors(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"data")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        engine.sync_filesystem(fd)  # the whole file system, in one call
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as caught:
+        engine.sync_filesystem(fd)  # closed: the kernel's error comes back, not silence
+    assert caught.value.errno == errno.EBADF

@@ -17,8 +17,8 @@ Layout under ``<cache_root>`` (root's, mode 0700; nothing in it is reachable by 
 * Two jobs staging the same dataset: the first takes the entry's lock exclusively and
   fills it; the second waits for the lock, finds the marker, and reuses the entry.
 * Data is filled by root from descriptors the user-side worker opened (see
-  privileges.py), fsynced before the marker is written, owned by root, files 0444 (0555
-  if executable) in 0555 folders. A hard link in a job's scratch shares that inode:
+  privileges.py), synced (one ``syncfs``) before the marker is written, owned by root,
+  files 0444 (0555 if executable) in 0555 folders. A hard link in a job's scratch shares that inode:
   root-owned, so the user can neither write it nor chmod it; the job can read, rename or
   unlink its link, never change the cache. Where the cache and scratch are different
   file systems (or with ``cache_link = "copy"``) the files are copied instead, and then
@@ -62,6 +62,7 @@ from wrapper.staging.copy import (
     keep_mode,
     make_dirs,
     make_links,
+    sync_filesystem,
     write_error,
     write_file,
 )
@@ -303,7 +304,7 @@ class Cache:
                 try:
                     copy_files([e for e, _ in batch], partial(_dup_of, fds), tree, dest,
                                result, verify=verify, parallel=parallel, meter=meter,
-                               file_mode=_cached_mode, durable=True)
+                               file_mode=_cached_mode)
                 finally:
                     for fd in fds.values():
                         os.close(fd)
@@ -311,7 +312,8 @@ class Cache:
                 raise StagingError(f"the cache fill got {result.files} of "
                                    f"{len(manifest.files)} files from the worker")
             make_links(manifest, tree, dest, result)
-            finish_dirs(manifest, tree, dest, result, dir_mode=lambda e: 0o555, durable=True)
+            finish_dirs(manifest, tree, dest, result, dir_mode=lambda e: 0o555)
+            sync_filesystem(entry_fd)  # all of it on disk before the marker says complete
             checksums = {_dataset_path(dest, p): h for p, h in result.checksums.items()}
             for entry in manifest.files:
                 if entry.sha256 and checksums.get(entry.path) != entry.sha256:

@@ -157,7 +157,9 @@ def write_file(src: int, entry: Entry, dir_fd: int, name: str, *, label: str, mo
     """
     target = f".{name[:200]}.jobwrap-{secrets.token_hex(4)}" if replace else name
     try:
-        fd = os.open(target, _CREATE, 0o600, dir_fd=dir_fd)
+        # Made with its final mode (an owner to give it to comes first: 0600 till then),
+        # so a small file costs no chmod unless the umask took bits away.
+        fd = os.open(target, _CREATE, 0o600 if owner is not None else mode, dir_fd=dir_fd)
     except FileExistsError:
         raise UserInputError(f"{label!r} already exists (do two directives stage to the "
                              "same place?)") from None
@@ -175,10 +177,12 @@ def write_file(src: int, entry: Entry, dir_fd: int, name: str, *, label: str, mo
             raise _changed(label)
         if owner is not None:
             os.fchown(fd, *owner)  # before chmod: chown clears set-id bits
-        os.fchmod(fd, mode)
-        os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
-        if os.fstat(fd).st_size != entry.size:
+        made = os.fstat(fd)
+        if made.st_size != entry.size:
             raise StagingError(f"{label}: the copy has the wrong size after writing")
+        if owner is not None or stat.S_IMODE(made.st_mode) != mode:
+            os.fchmod(fd, mode)
+        os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
         digest = ""
         if hasher is not None:
             digest = hasher.hexdigest()
@@ -272,9 +276,10 @@ def copy_files(files: Sequence[Entry], open_source: Callable[[Entry], int], tree
     """Copy files (their folders exist) by folder in parallel; adds to ``result``."""
     lock = threading.Lock()
     on_bytes = (lambda n: meter.add(nbytes=n)) if meter else None
+    prefix = f"{dest}/" if dest else ""
 
     def copy_one(entry: Entry) -> None:
-        path = dest_path(dest, entry)
+        path = f"{prefix}{entry.path}" if entry.path else dest
         parent, _, name = path.rpartition("/")
         large = entry.size > CHUNK  # only a large file reports while it is copied
         src = open_source(entry)
@@ -293,8 +298,9 @@ def copy_files(files: Sequence[Entry], open_source: Callable[[Entry], int], tree
         if meter:
             meter.add(files=1, nbytes=0 if large else copied.bytes)
 
-    failures = for_each_by_folder(files, lambda e: dest_path(dest, e).rpartition("/")[0],
-                                  copy_one, parallel=parallel, keep_going=keep_going)
+    failures = for_each_by_folder(
+        files, lambda e: (f"{prefix}{e.path}" if e.path else dest).rpartition("/")[0],
+        copy_one, parallel=parallel, keep_going=keep_going)
     result.problems.extend(_problem(dest_path(dest, e), exc) for e, exc in failures)
 
 
@@ -387,6 +393,25 @@ def for_each_by_folder(entries: Sequence[Entry], folder_of: Callable[[Entry], st
     if failures and not keep_going:
         raise failures[0][1]
     return failures
+
+
+def sync_filesystem(fd: int) -> None:
+    """Make everything written to ``fd``'s file system durable: one ``syncfs`` instead of
+    an fsync per file (20,000 small files would wait for the disk 20,000 times).
+
+    Linux 5.8 and later report a writeback error of any file here; without ``syncfs``
+    (no libc symbol) the whole machine is synced instead.
+    """
+    import ctypes
+
+    try:  # the C library already loaded in this process: nothing is searched or run
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):  # pragma: no cover - glibc and musl both have it
+        os.sync()
+        return
+    if syncfs(ctypes.c_int(fd)) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
 
 
 def usable_cpus() -> int:
