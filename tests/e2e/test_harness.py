@@ -21,8 +21,8 @@ def _processes_using(conf: Path) -> list[int]:
 
 def test_up_then_down_leaves_no_daemon(cluster: Cluster) -> None:
     other = Cluster(make_spec("jobwrap-harness-"))
-    other.up(log=lambda msg: None)
     try:
+        other.up(log=lambda msg: None)
         names = sorted(d.name for d in other.daemons)
         assert names == ["slurmctld", "slurmd-n1", "slurmd-n2"]  # munge is shared, not ours
         assert all(_alive(d) for d in other.daemons)
