@@ -29,12 +29,13 @@ from typing import Any
 
 from wrapper.config import Config
 from wrapper.errors import StateError
+from wrapper.job.events import FACT_KINDS
+from wrapper.job.paths import SUPERVISOR_FACTS
 from wrapper.state import JobState
 
-SUPERVISOR_FACTS = "supervisor-facts.jsonl"
 # The supervisor's reports the epilog acts on; each also goes to the user's event file
 # (for ``jobwrap status``), where it is only a claim.
-FACT_EVENTS = frozenset({"hang", "gpu.fault"})
+FACT_EVENTS = FACT_KINDS
 MAX_READ = 1 << 20  # the facts are a few lines per attempt; read at most this, from the end
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from wrapper.directives import JobOptions, parse_script
 from wrapper.errors import JobwrapError, UserInputError
+from wrapper.job.paths import RECORD as RECORD
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 
-RECORD = "job.json"
 _SIGNAL_DIRECTIVE = re.compile(r"^#SBATCH\b.*--signal[= ]", re.M)
 
 
@@ -66,11 +66,13 @@ class JobRecord:
 
 def gather(ctx: JobContext, backend: SlurmBackend) -> JobRecord:
     """Ask Slurm for what the hook environment lacks: the script, output paths, limits."""
-    return gather_in_background(ctx, backend)()
+    return gather_in_background(ctx, backend)()[0]
 
 
-def gather_in_background(ctx: JobContext, backend: SlurmBackend) -> Callable[[], JobRecord]:
-    """Start the two Slurm queries now, in threads; the returned call waits for them.
+def gather_in_background(ctx: JobContext, backend: SlurmBackend
+                         ) -> Callable[[], tuple[JobRecord, str]]:
+    """Start the two Slurm queries now, in threads; the returned call waits for them and
+    gives the record and the batch script (kept by the prolog: fetched once per attempt).
 
     The prolog overlaps them with its GPU checks: each is a process start and a round
     trip to slurmctld, the largest part of the prolog's own time.
@@ -90,13 +92,13 @@ def gather_in_background(ctx: JobContext, backend: SlurmBackend) -> Callable[[],
     for thread in threads:
         thread.start()
 
-    def finish() -> JobRecord:
+    def finish() -> tuple[JobRecord, str]:
         for thread in threads:
             thread.join()
         for value in results.values():
             if isinstance(value, BaseException):
                 raise value
-        return _build(ctx, results["info"], results["script"])
+        return _build(ctx, results["info"], results["script"]), results["script"]
 
     return finish
 

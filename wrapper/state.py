@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import stat
 import time
 from collections.abc import Iterator
@@ -29,17 +28,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wrapper.errors import StateError
+from wrapper.job.paths import EVENTS, JOB_ID, JobPaths
+from wrapper.job.paths import USER_EVENTS as USER_EVENTS
 from wrapper.osl import files
 
 if TYPE_CHECKING:
     from wrapper.config import Config
 
-ROOT_EVENTS = "events.jsonl"
-USER_EVENTS = "user-events.jsonl"
+ROOT_EVENTS = EVENTS
 USER_EVENTS_MAX = 1 << 20  # the default of [hooks] user_events_max
 ROOT_EVENTS_MAX = 64 << 20  # root's own file: bounded too, never read whole past this
 DIR_MODE, FILE_MODE = 0o711, 0o600
-_JOB_ID = re.compile(r"^[0-9]{1,12}$")
+_JOB_ID = JOB_ID
 _warned_full: set[str] = set()
 
 
@@ -55,7 +55,7 @@ class JobState:
 
     @property
     def path(self) -> Path:
-        return self.state_dir / "jobs" / self.job_id
+        return JobPaths(self.state_dir, self.job_id).folder
 
     def prepare(self, uid: int | None, gid: int | None,
                 user_files: tuple[str, ...] = (USER_EVENTS,)) -> None:
@@ -186,12 +186,16 @@ class JobState:
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         """Replace ``name`` in the job directory atomically (root's records, 0600, the
         job's user granted read)."""
+        self.write_bytes(name, json.dumps(data, default=str, indent=1).encode())
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Replace ``name`` in the job directory atomically (root's file, 0600, the job's
+        user granted read)."""
         if "/" in name or name.startswith("."):
             raise StateError(f"bad state file name {name!r}")
         path = self.path / name
         try:
-            files.atomic_write(path, json.dumps(data, default=str, indent=1).encode(),
-                               mode=FILE_MODE)
+            files.atomic_write(path, data, mode=FILE_MODE)
             reader = self.job_uid()
             if reader is not None and os.geteuid() == 0:
                 fd = files.open_regular(path)
@@ -203,10 +207,16 @@ class JobState:
             raise StateError(f"cannot write {path}: "
                              f"{_why(exc) if isinstance(exc, OSError) else exc}") from None
 
-    def read_json(self, name: str) -> dict[str, Any] | None:
+    def read_bytes(self, name: str, bound: int = ROOT_EVENTS_MAX) -> bytes | None:
+        """The last ``bound`` bytes of ``name`` (no-follow, regular files only), or None."""
         try:
-            raw = files.read_tail(self.path / name, ROOT_EVENTS_MAX)
+            return files.read_tail(self.path / name, bound)
         except (OSError, files.UnsafeFileError):
+            return None
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        raw = self.read_bytes(name)
+        if raw is None:
             return None
         try:
             data = json.loads(raw)

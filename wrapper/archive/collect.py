@@ -40,10 +40,10 @@ from typing import Any
 
 from wrapper.archive._fs import Access, create_file
 from wrapper.errors import JobwrapError
+from wrapper.job.paths import SUPERVISOR_LOG
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
 from wrapper.state import JobState
-from wrapper.supervisor.launch import SUPERVISOR_LOG
 
 # statuses: what happened to one file
 ARCHIVED = "archived"    # all of it (or its last max_file_bytes: see truncated)
@@ -320,10 +320,12 @@ def _of_attempt(attempt: int) -> Callable[[bytes], bool]:
 
 
 def _of_job(job_id: str, attempt: int) -> Callable[[bytes], bool]:
-    needle = f'"job_id": "{job_id}"'.encode()
+    digits = job_id.encode()
 
     def keep(line: bytes) -> bool:
-        if needle not in line:  # the cheap test first: most lines are other jobs'
+        # The cheap test first (most lines are other jobs'): the id's digits are in every
+        # line of the job whatever the log's JSON separators; the parse decides.
+        if digits not in line:
             return False
         try:
             record = json.loads(line)

@@ -18,12 +18,12 @@ from wrapper import log
 from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
+from wrapper.job.paths import SUPERVISOR_LOG
 from wrapper.jobrecord import JobRecord
 from wrapper.runner import Runner
 from wrapper.state import JobState
 
 UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
-SUPERVISOR_LOG = "supervisor.log"
 SUPERVISOR_LOG_MAX = 16 << 20  # bytes; past it one log.capped line, then nothing
 
 
@@ -138,9 +138,9 @@ def _open_log(state: JobState, uid: int) -> int | None:
 
 
 def _current_attempt(state: JobState) -> int:
-    attempts = [e.get("attempt", 0) for e in state.events()
-                if e.get("event") == "prolog.context" and e.get("source") == "root"]
-    return int(max(attempts)) if attempts else 0
+    from wrapper.job.store import JobStore
+
+    return JobStore(state).current_attempt()
 
 
 # Checks whose failure during a run means the GPU under the job is faulty now (the

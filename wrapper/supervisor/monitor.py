@@ -118,8 +118,9 @@ class Supervisor:
 
     def _superseded(self) -> bool:
         """A later attempt of the job has started (Slurm requeued it between two looks)."""
-        return any(e.get("event") == "prolog.context" and e.get("source") == "root"
-                   and int(e.get("attempt", 0)) > self.attempt for e in self.state.events())
+        from wrapper.job.store import JobStore
+
+        return JobStore(self.state).superseded(self.attempt)
 
     # -- what it looks at ----------------------------------------------------------------
     def _look_at_checkpoints(self, now: float) -> None:

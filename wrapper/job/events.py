@@ -1,0 +1,392 @@
+"""The job's events, typed: one small frozen dataclass per kind, and the registry.
+
+An event is one JSON line ``{"ts": ..., "event": KIND, ...fields}`` in root's
+``events.jsonl`` or the user's ``user-events.jsonl`` (see ``wrapper.job.paths``). Writers
+build the dataclass and ``encode`` it; readers ``decode`` a line into its class, and a
+kind this version does not know (an older or newer jobwrap, or anything the user wrote)
+decodes to ``Unknown`` instead of failing. A field of the wrong type, or missing, takes
+its default: a user's line can never make a reader raise.
+
+``WRITER`` says who writes the kind: ``root`` (root's hooks; facts the decisions may use),
+``user`` (the task-prolog or the supervisor with the job user's rights: claims only).
+docs/events.md is generated from this registry by tools/events-doc.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+REGISTRY: dict[str, type[Event]] = {}
+E = TypeVar("E", bound="Event")
+
+
+def kind(name: str, writer: str) -> Callable[[type[E]], type[E]]:
+    """Register an event class under ``name`` (its ``"event"`` value)."""
+
+    def register(cls: type[E]) -> type[E]:
+        if name in REGISTRY:
+            raise ValueError(f"event kind {name!r} registered twice")
+        cls.KIND, cls.WRITER = name, writer
+        REGISTRY[name] = cls
+        return cls
+
+    return register
+
+
+@dataclass(frozen=True)
+class Event:
+    """Fields every event has; ``ts`` and ``source`` are set on write and on read."""
+
+    KIND: ClassVar[str] = ""
+    WRITER: ClassVar[str] = "root"
+    OPEN: ClassVar[bool] = False  # extra fields kept in ``extra`` (a report's own fields)
+    attempt: int = 0
+    node: str = ""
+    ts: float = field(default=0.0, compare=False)
+    source: str = field(default="root", compare=False)  # "root" or "user": the file it is in
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        """The fields to write (without ``ts``, which the store adds, and ``source``)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("ts", "source", "extra")}
+        return {**data, **self.extra}
+
+    @property
+    def from_root(self) -> bool:
+        return self.source == "root"
+
+
+@dataclass(frozen=True)
+class Unknown(Event):
+    """A kind this version does not know; its fields are all in ``extra``."""
+
+    name: str = ""
+
+
+def decode(record: Mapping[str, Any]) -> Event:
+    """One JSON record as its event class (never raises; unknown kinds -> ``Unknown``)."""
+    name = record.get("event")
+    cls = REGISTRY.get(name) if isinstance(name, str) else None
+    ts = record.get("ts")
+    common: dict[str, Any] = {
+        "ts": float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else 0.0,
+        "source": "user" if record.get("source") == "user" else "root"}
+    if cls is None:
+        rest = {k: v for k, v in record.items() if k not in ("event", "ts", "source")}
+        return Unknown(name=str(name), extra=rest, attempt=_int(record.get("attempt")),
+                       node=_str(record.get("node")), **common)
+    values: dict[str, Any] = {}
+    declared = {f.name: f for f in dataclasses.fields(cls)}
+    for name_, spec in declared.items():
+        if name_ in ("ts", "source", "extra") or name_ not in record:
+            continue
+        value = record[name_]
+        if _fits(value, _default(spec), str(spec.type)):
+            values[name_] = value
+    if cls.OPEN:
+        values["extra"] = {k: v for k, v in record.items()
+                           if k not in declared and k not in ("event", "ts", "source")}
+    return cls(**values, **common)
+
+
+def _default(spec: dataclasses.Field[Any]) -> Any:
+    if spec.default is not dataclasses.MISSING:
+        return spec.default
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return None
+
+
+_OPTIONAL = {"int | None": (int,), "str | None": (str,), "float | None": (int, float)}
+
+
+def _fits(value: Any, default: Any, annotation: str) -> bool:
+    if default is None:  # an optional field: None, or a value of its type
+        allowed = _OPTIONAL.get(annotation)
+        return value is None or allowed is None or (
+            isinstance(value, allowed) and not isinstance(value, bool))
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, type(default))
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+# -- root's hooks ---------------------------------------------------------------------------
+@kind("prolog.context", writer="root")
+@dataclass(frozen=True)
+class PrologContext(Event):
+    """A prolog started on a node: the attempt begins (the attempt number's source)."""
+
+    hook: str = ""
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@kind("prolog.unhealthy", writer="root")
+@dataclass(frozen=True)
+class PrologUnhealthy(Event):
+    """The prolog's health check failed: the node is drained, Slurm requeues the job."""
+
+    reason: str | None = None
+
+
+@kind("directives.invalid", writer="root")
+@dataclass(frozen=True)
+class DirectivesInvalid(Event):
+    """The job's #JOBWRAP directives could not be parsed: the job is refused."""
+
+    error: str = ""
+
+
+@kind("health", writer="root")
+@dataclass(frozen=True)
+class Health(Event):
+    """A node health check ran (prolog or epilog phase) and its verdict."""
+
+    phase: str = ""
+    verdict: str = ""
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    versions: list[Any] = field(default_factory=list)
+
+
+@kind("health.unavailable", writer="root")
+@dataclass(frozen=True)
+class HealthUnavailable(Event):
+    """The checks could not run (jobwrap's or the site's problem, not the node's)."""
+
+    error: str = ""
+
+
+@kind("scratch.unavailable", writer="root")
+@dataclass(frozen=True)
+class ScratchUnavailable(Event):
+    """The job's scratch could not be made (the site's setup, not the node)."""
+
+    error: str = ""
+
+
+@kind("supervisor.started", writer="root")
+@dataclass(frozen=True)
+class SupervisorStarted(Event):
+    """The prolog started the attempt's supervisor (``systemd`` or ``detached:PID``)."""
+
+    how: str = ""
+
+
+@kind("staging.in", writer="root")
+@dataclass(frozen=True)
+class StagingIn(Event):
+    """Stage-in finished; the staging report's fields are in ``extra``."""
+
+    OPEN: ClassVar[bool] = True
+    cache_hits: int = 0
+
+
+@kind("staging.out", writer="root")
+@dataclass(frozen=True)
+class StagingOut(Event):
+    """Stage-out finished; the staging report's fields are in ``extra``."""
+
+    OPEN: ClassVar[bool] = True
+    cache_hits: int = 0
+
+
+@kind("staging.failed", writer="root")
+@dataclass(frozen=True)
+class StagingFailed(Event):
+    """Staging failed; ``direction`` "in" refuses the job (its data is not there)."""
+
+    direction: str = ""
+    error: str = ""
+
+
+@kind("staging.cache_unusable", writer="root")
+@dataclass(frozen=True)
+class StagingCacheUnusable(Event):
+    """The node's dataset cache failed; the job was staged without it."""
+
+    error: str = ""
+
+
+@kind("staging.kept", writer="root")
+@dataclass(frozen=True)
+class StagingKept(Event):
+    """Stage-out was incomplete: the scratch is kept in quarantine until ``until``."""
+
+    path: str = ""
+    until: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+@kind("scratch.removed", writer="root")
+@dataclass(frozen=True)
+class ScratchRemoved(Event):
+    """The job's scratch on this node was removed."""
+
+    files: int = 0
+    dirs: int = 0
+    left: int = 0
+    complete: bool = False
+
+
+@kind("epilog.context", writer="root")
+@dataclass(frozen=True)
+class EpilogContext(Event):
+    """An epilog started on a node."""
+
+    hook: str = ""
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@kind("gpu.confirmed", writer="root")
+@dataclass(frozen=True)
+class GpuConfirmed(Event):
+    """Root's own probe confirmed a reported GPU fault."""
+
+    faults: list[str] = field(default_factory=list)
+
+
+@kind("gpu.not_confirmed", writer="root")
+@dataclass(frozen=True)
+class GpuNotConfirmed(Event):
+    """Root's own probe found no fault behind a reported one."""
+
+    faults: list[str] = field(default_factory=list)
+
+
+@kind("attempt.end", writer="root")
+@dataclass(frozen=True)
+class AttemptEnd(Event):
+    """The epilog's verdict on an attempt: its class and the restart decision."""
+
+    kind: str = ""
+    detail: str = ""
+    signature: str = ""
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    slurm_state: str = ""
+    checkpoint_path: str | None = None
+    checkpoint_step: int | None = None
+    decision: str = ""
+    reason: str = ""
+    exclude: list[str] = field(default_factory=list)
+
+
+@kind("requeue.failed", writer="root")
+@dataclass(frozen=True)
+class RequeueFailed(Event):
+    """Slurm refused the requeue the decision asked for."""
+
+    error: str = ""
+
+
+@kind("archive", writer="root")
+@dataclass(frozen=True)
+class Archived(Event):
+    """This node's part of the attempt's archive was written."""
+
+    path: str = ""
+    complete: bool = False
+    files: int = 0
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# -- the job user's side (claims, never facts) ----------------------------------------------
+@kind("task-prolog.context", writer="user")
+@dataclass(frozen=True)
+class TaskPrologContext(Event):
+    """A task-prolog ran (as the job user): what it exported and the user's environment."""
+
+    OPEN: ClassVar[bool] = True  # "environment" on the node's first task
+    hook: str = ""
+    uid: int = -1
+    step: str = ""
+    task: str = ""
+    context: dict[str, Any] = field(default_factory=dict)
+    exports: dict[str, str] = field(default_factory=dict)
+
+
+@kind("supervisor.start", writer="user")
+@dataclass(frozen=True)
+class SupervisorStart(Event):
+    """The supervisor began following the attempt."""
+
+    hook: str = "supervisor"
+    pid: int = 0
+    hang_timeout_s: float | None = None
+    checkpoint_dir: str | None = None
+
+
+@kind("supervisor.end", writer="user")
+@dataclass(frozen=True)
+class SupervisorEnd(Event):
+    """The supervisor saw the attempt end (or a later one start)."""
+
+    hook: str = "supervisor"
+    job_state: str = ""
+    last_checkpoint: str | None = None
+    step: int | None = None
+
+
+@kind("checkpoint", writer="user")
+@dataclass(frozen=True)
+class Checkpoint(Event):
+    """A new valid checkpoint appeared."""
+
+    hook: str = "supervisor"
+    path: str = ""
+    step: int | None = None
+    layout: str = ""
+
+
+@kind("hang", writer="user")
+@dataclass(frozen=True)
+class Hang(Event):
+    """No progress for the hang timeout: the supervisor ended the job (also a fact)."""
+
+    hook: str = "supervisor"
+    idle_s: float = 0.0
+    hang_timeout_s: float = 0.0
+    last_checkpoint: str | None = None
+
+
+@kind("gpu.fault", writer="user")
+@dataclass(frozen=True)
+class GpuFault(Event):
+    """The supervisor saw a GPU fault under the job and ended it (also a fact)."""
+
+    hook: str = "supervisor"
+    reason: str = ""
+
+
+@kind("walltime.signal", writer="user")
+@dataclass(frozen=True)
+class WalltimeSignal(Event):
+    """The supervisor sent the job its pre-timeout signal."""
+
+    hook: str = "supervisor"
+    signal: str = ""
+    seconds_left: int = 0
+
+
+# The supervisor's reports root acts on, through its root-owned channel (wrapper.facts).
+FACT_KINDS = frozenset({Hang.KIND, GpuFault.KIND})
+# What keeps a job from starting on a node: its data or its directives.
+REFUSALS = (StagingFailed.KIND, DirectivesInvalid.KIND)

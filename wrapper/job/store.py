@@ -1,0 +1,112 @@
+"""The job's event store and the queries every stage asks of it.
+
+``JobStore`` wraps the file layer (``wrapper.state.JobState``: safe appends, bounded
+reads) with typed events: writers ``record`` an event object, readers get decoded
+events and ask the questions by name. Control flow reads root's events only; the user's
+(``source == "user"``) are claims.
+
+The attempt number: the hooks take it from Slurm (``SLURM_RESTART_COUNT`` in
+``JobContext.attempt``); everything that runs outside a hook (the supervisor, status)
+asks ``current_attempt``, the highest attempt a root prolog recorded, which is the same
+number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from wrapper.job import events as ev
+from wrapper.job.paths import BATCH_SCRIPT, JobPaths
+
+if TYPE_CHECKING:
+    from wrapper.config import Config
+    from wrapper.state import JobState
+
+SCRIPT_MAX = 4 << 20  # bytes of a kept batch script ever read back (Slurm's own cap)
+
+
+@dataclass(frozen=True)
+class JobStore:
+    state: JobState
+
+    @classmethod
+    def of(cls, cfg: Config, job_id: str) -> JobStore:
+        from wrapper.state import for_job
+
+        return cls(for_job(cfg, job_id))
+
+    @property
+    def paths(self) -> JobPaths:
+        return JobPaths(self.state.state_dir, self.state.job_id)
+
+    # -- writing ----------------------------------------------------------------------------
+    def record(self, event: ev.Event) -> dict[str, Any]:
+        """Append ``event`` to its writer's file (root's, or the user's as the user)."""
+        return self.state.append(event.KIND, as_user=event.WRITER == "user", **event.encode())
+
+    def save_script(self, text: str) -> None:
+        """Keep the attempt's batch script (fetched from Slurm once, by the prolog)."""
+        self.state.write_bytes(BATCH_SCRIPT, text.encode("utf-8", "surrogateescape"))
+
+    # -- reading ----------------------------------------------------------------------------
+    def events(self) -> list[ev.Event]:
+        """Every event, root's and the user's, decoded, in time order."""
+        return [ev.decode(record) for record in self.state.events()]
+
+    def root_events(self) -> list[ev.Event]:
+        return [e for e in self.events() if e.from_root]
+
+    def script(self) -> str | None:
+        """The kept batch script, or None when the prolog kept none."""
+        raw = self.state.read_bytes(BATCH_SCRIPT, SCRIPT_MAX)
+        return None if raw is None else raw.decode("utf-8", "replace")
+
+    # -- the queries ------------------------------------------------------------------------
+    def current_attempt(self, events: Iterable[ev.Event] | None = None) -> int:
+        """The attempt running now: the highest one a root prolog recorded (0 before any)."""
+        attempts = [e.attempt for e in self._root(events) if isinstance(e, ev.PrologContext)]
+        return max(attempts, default=0)
+
+    def superseded(self, attempt: int) -> bool:
+        """A later attempt than ``attempt`` has started (Slurm requeued the job)."""
+        return self.current_attempt() > attempt
+
+    def staging_refusal(self, node: str, attempt: int,
+                        events: Iterable[ev.Event] | None = None) -> str:
+        """Why this node's prolog could not prepare ``attempt``: its data or its directives
+        ("" when it could). Root's events only."""
+        for event in self._root(events):
+            if event.node != node or event.attempt != attempt:
+                continue
+            if (isinstance(event, ev.StagingFailed) and event.direction == "in") or \
+                    isinstance(event, ev.DirectivesInvalid):
+                return " ".join(event.error.split())
+        return ""
+
+    def history(self, before: int, events: Iterable[ev.Event] | None = None
+                ) -> list[ev.AttemptEnd]:
+        """Root's verdicts on the attempts other than ``before``, oldest first."""
+        return [e for e in self._root(events)
+                if isinstance(e, ev.AttemptEnd) and e.attempt != before]
+
+    def last_end(self, events: Iterable[ev.Event] | None = None
+                 ) -> ev.AttemptEnd | ev.PrologUnhealthy | None:
+        """How the previous attempt ended: root's verdict, or a prolog's failed check."""
+        ends = [e for e in self._root(events)
+                if isinstance(e, (ev.AttemptEnd, ev.PrologUnhealthy))]
+        return ends[-1] if ends else None
+
+    def prolog_failed_here(self, node: str) -> bool:
+        """This node's last prolog event is its failed health check (the job never ran)."""
+        mine = [e for e in self.root_events() if e.node == node
+                and e.KIND.startswith("prolog.")]
+        return bool(mine) and isinstance(mine[-1], ev.PrologUnhealthy)
+
+    def user_claims(self, attempt: int) -> list[ev.Event]:
+        """What the user's side wrote for ``attempt``: reports to re-verify, never facts."""
+        return [e for e in self.events() if not e.from_root and e.attempt == attempt]
+
+    def _root(self, events: Iterable[ev.Event] | None) -> list[ev.Event]:
+        return [e for e in (self.events() if events is None else events) if e.from_root]
