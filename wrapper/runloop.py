@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from wrapper import log
-from wrapper.classify import Evidence, classify
 from wrapper.config import Config
 from wrapper.directives import JobOptions
-from wrapper.policy import PastAttempt, decide
+from wrapper.restart import resume as resume_mod
+from wrapper.restart.classify import Evidence, classify
+from wrapper.restart.policy import PastAttempt, decide
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)
@@ -59,22 +60,21 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
     forwarder = Forwarder(state)
     for signum in FORWARDED:
         signal.signal(signum, forwarder)
-    max_restarts = options.max_restarts if options.max_restarts is not None \
-        else cfg.restart.max_restarts
+    max_restarts = resume_mod.max_restarts(options, cfg)
     base_attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     attempt = 0
     while True:
         resume = _latest(options)
-        env = dict(os.environ)
-        env["JOBWRAP_ATTEMPT"] = str(base_attempt + attempt)
-        if options.checkpoint_dir:
-            env["JOBWRAP_CHECKPOINT_DIR"] = os.path.abspath(options.checkpoint_dir)
-        env.pop("JOBWRAP_RESUME_FROM", None)
-        if resume and (attempt > 0 or base_attempt > 0 or "JOBWRAP_RESUME_FROM" in os.environ):
-            env["JOBWRAP_RESUME_FROM"] = resume[0]
+        resumes = bool(resume) and (attempt > 0 or base_attempt > 0
+                                    or resume_mod.RESUME_FROM in os.environ)
+        env = resume_mod.environ(os.environ, resume_mod.exports(
+            attempt=base_attempt + attempt, scratch=None,
+            checkpoint_dir=os.path.abspath(options.checkpoint_dir)
+            if options.checkpoint_dir else None,
+            resume_from=resume[0] if resume and resumes else None))
         if attempt > 0:
             say(f"jobwrap run: attempt {attempt}: " + (f"resuming from {resume[0]}" if resume
-                and "JOBWRAP_RESUME_FROM" in env else "starting from the beginning"))
+                and resumes else "starting from the beginning"))
         started = time.monotonic()
         try:
             state.child = subprocess.Popen(list(command), env=env, start_new_session=True)
@@ -107,11 +107,6 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
 
 
 def _latest(options: JobOptions) -> tuple[str, int | None] | None:
-    if not options.checkpoint_dir:
-        return None
-    from wrapper.checkpoints import latest_valid
-
     # Only called between attempts, when nothing is writing: no settle time.
-    found = latest_valid(options.checkpoint_dir, glob=options.checkpoint_glob,
-                         marker=options.checkpoint_marker, settle_seconds=0).latest
+    found = resume_mod.latest(options.checkpoint_dir, options)
     return (found.path, found.step) if found else None

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from wrapper.classify import Evidence, classify
-from wrapper.policy import PastAttempt, decide
+from wrapper.restart.classify import Evidence, classify
+from wrapper.restart.policy import PastAttempt, decide
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ class AttemptSummary:
     latest_checkpoint: str | None = None
     checkpoint_list: list[dict[str, Any]] = field(default_factory=list)  # path, step, ts
     incidents: list[str] = field(default_factory=list)
-    outcome: str | None = None  # the failure class (wrapper.classify), "success" included
+    outcome: str | None = None  # the failure class (wrapper.restart.classify), "success" included
     detail: str | None = None
     exit_code: int | None = None
     exit_signal: int | None = None

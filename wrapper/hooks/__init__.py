@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
-from typing import TextIO
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TextIO
 
 from wrapper import config as config_mod
 from wrapper import log
@@ -19,7 +21,41 @@ from wrapper.config import Config
 from wrapper.errors import EXIT_BROKEN, EXIT_OK, EXIT_UNHEALTHY, ConfigError, JobwrapError
 from wrapper.slurm.context import JobContext, from_env
 
-HookBody = Callable[[JobContext, Config, TextIO, Mapping[str, str]], int]
+if TYPE_CHECKING:
+    from wrapper.slurm import SlurmBackend
+
+
+@dataclass
+class Services:
+    """What a hook body reaches outside itself, built once by ``run_hook``.
+
+    Each is made on first use (the task-prolog never pays for a Slurm backend). Unit
+    tests pass fakes: ``wrapper.slurm.fake.FakeSlurm``, a GPU confirmer, a spawner that
+    records what it would start, a clock.
+    """
+
+    cfg: Config
+    slurm_factory: Callable[[], SlurmBackend] | None = None
+    # Root's own probe of GPUs (node, indexes) -> faults; None: the configured probe.
+    gpu_confirm: Callable[[str, Sequence[int]], list[str]] | None = None
+    # Starts a detached ``jobwrap ...`` (argv); None: wrapper.detach with the hook's env.
+    spawn: Callable[[Sequence[str]], object] | None = None
+    clock: Callable[[], float] = time.monotonic
+    _slurm: SlurmBackend | None = field(default=None, repr=False)
+
+    @property
+    def slurm(self) -> SlurmBackend:
+        if self._slurm is None:
+            if self.slurm_factory is not None:
+                self._slurm = self.slurm_factory()
+            else:
+                from wrapper import slurm
+
+                self._slurm = slurm.backend(self.cfg.slurm)
+        return self._slurm
+
+
+HookBody = Callable[[JobContext, Config, TextIO, Mapping[str, str], Services], int]
 
 
 def _body(hook: str) -> HookBody:
@@ -34,7 +70,7 @@ def _body(hook: str) -> HookBody:
 
 
 def run_hook(hook: str, *, config_path: str | None, env: Mapping[str, str] | None = None,
-             out: TextIO | None = None) -> int:
+             out: TextIO | None = None, services: Services | None = None) -> int:
     environ = os.environ if env is None else env
     stdout = out if out is not None else sys.stdout
     under_slurm = bool(environ.get("SLURM_SCRIPT_CONTEXT")) or (
@@ -52,7 +88,7 @@ def run_hook(hook: str, *, config_path: str | None, env: Mapping[str, str] | Non
             raise config_problem
         ctx = from_env(hook, environ)
         log.bind(hook=hook, job_id=ctx.job_id, node=ctx.node, attempt=ctx.attempt)
-        return _body(hook)(ctx, cfg, stdout, environ)
+        return _body(hook)(ctx, cfg, stdout, environ, services or Services(cfg))
     except JobwrapError as exc:
         logger.error("hook.failed", hook=hook, error=str(exc), kind=type(exc).__name__)
         return _on_internal_error(hook, cfg, environ, str(exc), under_slurm)

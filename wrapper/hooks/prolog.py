@@ -4,25 +4,36 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from wrapper import jobrecord, log, slurm
+from wrapper import jobrecord, log
 from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
 from wrapper.hooks.health import check_node, recall_scontrol, remember_scontrol, unchecked
+from wrapper.job import events as ev
+from wrapper.job.paths import RECORD, USER_EVENTS
+from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext
-from wrapper.state import USER_EVENTS
+
+if TYPE_CHECKING:
+    from wrapper.hooks import Services
 
 
-def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> int:
+def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
+        services: Services | None = None) -> int:
     started = time.monotonic()
     logger = log.get()
     state = state_mod.for_job(cfg, ctx.job_id)
     state.prepare(ctx.uid, ctx.gid, user_files=(USER_EVENTS,))
-    state.append("prolog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
-                 context=ctx.as_dict())
-    backend = slurm.backend(cfg.slurm)
+    store = JobStore(state)
+    store.record(ev.PrologContext(node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
+                                  context=ctx.as_dict()))
+    if services is None:
+        from wrapper.hooks import Services
+
+        services = Services(cfg)
+    backend = services.slurm
     recall_scontrol(cfg, backend)
     gathered = jobrecord.gather_in_background(ctx, backend)
     if cfg.checks.prolog:
@@ -37,22 +48,26 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> in
                 # not held); release lifts Slurm's requeue delay, away from this node.
                 from wrapper import detach
 
-                state.append("prolog.unhealthy", attempt=ctx.attempt, node=ctx.node,
-                             reason=report.drain_reason())
+                store.record(ev.PrologUnhealthy(attempt=ctx.attempt, node=ctx.node,
+                                                reason=report.drain_reason()))
                 # Slurm requeues the job only once this prolog has exited: until then
                 # it is still RUNNING, which the release waits out.
-                detach.spawn(detach.jobwrap_argv("release", ctx.job_id, "--exclude",
-                                                 ctx.node, "--running-grace", "30"),
-                             detach.hook_env(cfg.source))
+                argv = detach.jobwrap_argv("release", ctx.job_id, "--exclude", ctx.node,
+                                           "--running-grace", "30")
+                if services.spawn is not None:
+                    services.spawn(argv)
+                else:
+                    detach.spawn(argv, detach.hook_env(cfg.source))
                 return EXIT_UNHEALTHY
-    record = gathered()
+    record, script = gathered()
     remember_scontrol(cfg, backend)
-    state.write_json(jobrecord.RECORD, record.as_dict())
+    state.write_json(RECORD, record.as_dict())
+    store.save_script(script)  # the epilog's archive reads it: Slurm is asked once
     if record.options_error:
         # The user's mistake: say so where they look, never hold the node responsible.
         logger.warning("prolog.bad_directives", error=record.options_error)
-        state.append("directives.invalid", attempt=ctx.attempt, node=ctx.node,
-                     error=record.options_error)
+        store.record(ev.DirectivesInvalid(attempt=ctx.attempt, node=ctx.node,
+                                          error=record.options_error))
     # Scratch and stage-in before the supervisor: staging time is not the job's idle time.
     from wrapper.hooks import staging
 
@@ -64,6 +79,6 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str]) -> in
         from wrapper.supervisor.launch import start
 
         how = start(ctx.job_id, cfg)
-        state.append("supervisor.started", attempt=ctx.attempt, node=ctx.node, how=how)
+        store.record(ev.SupervisorStarted(attempt=ctx.attempt, node=ctx.node, how=how))
     logger.info("prolog.done", gpus=ctx.gpus)
     return EXIT_OK

@@ -34,7 +34,9 @@ def _user(record: JobRecord) -> UserIds:
 
 
 def scratch_path(cfg: Config, job_id: str) -> Path:
-    return Path(cfg.paths.scratch_root) / job_id
+    from wrapper.job.paths import JobPaths
+
+    return JobPaths.of(cfg, job_id).scratch
 
 
 def _progress(direction: str) -> Callable[[Progress], None]:

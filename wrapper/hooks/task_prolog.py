@@ -10,34 +10,36 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from wrapper import jobrecord, log
 from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, JobwrapError
+from wrapper.job import events as ev
+from wrapper.job.paths import JobPaths
+from wrapper.job.store import JobStore
+from wrapper.restart import resume as resume_mod
 from wrapper.slurm.context import JobContext
-from wrapper.state import JobState
+from wrapper.slurm.records import is_batch_step
 
-BATCH_STEP_IDS = ("batch", "4294967294")
+if TYPE_CHECKING:
+    from wrapper.hooks import Services
 
 
 def exports(ctx: JobContext, cfg: Config, record: jobrecord.JobRecord | None,
             resume_from: str | None) -> dict[str, str]:
-    values = {
-        "JOBWRAP_ATTEMPT": str(ctx.attempt),
-        "JOBWRAP_SCRATCH": os.path.join(cfg.paths.scratch_root, ctx.job_id),
-    }
-    if record is not None and record.checkpoint_dir:
-        values["JOBWRAP_CHECKPOINT_DIR"] = record.checkpoint_dir
-    if resume_from:
-        values["JOBWRAP_RESUME_FROM"] = resume_from
-    return values
+    return resume_mod.exports(
+        attempt=ctx.attempt, scratch=str(JobPaths.of(cfg, ctx.job_id).scratch),
+        checkpoint_dir=record.checkpoint_dir if record is not None else None,
+        resume_from=resume_from)
 
 
-def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None = None) -> int:
+def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None = None,
+        services: Services | None = None) -> int:
     environ = os.environ if env is None else env
     state = state_mod.for_job(cfg, ctx.job_id)
+    store = JobStore(state)
     record = None
     try:
         record = jobrecord.load(state)
@@ -50,8 +52,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         if "\n" not in value:
             out.write(f"export {name}={value}\n")
     if ctx.attempt > 0 and _is_batch(environ):
-        out.write(f"print {_banner(ctx, state, resume, step)}\n")
-    refused = _staging_failure(ctx, state)
+        out.write(f"print {_banner(ctx, store, resume, step)}\n")
+    refused = store.staging_refusal(ctx.node, ctx.attempt)
     if refused:
         # The job's data is not there: running it would only fail later, less clearly.
         out.write(f"print jobwrap: the job did not start: {refused}\n")
@@ -65,29 +67,17 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         # Where the job's environment came from, for the manifest: the user's claims.
         extra["environment"] = claims(environ)
     try:
-        state.append("task-prolog.context", as_user=True, node=ctx.node, hook=ctx.hook,
-                     attempt=ctx.attempt, uid=os.getuid(),
-                     step=environ.get("SLURM_STEP_ID", ""), task=environ.get("SLURM_PROCID", ""),
-                     context=ctx.as_dict(), exports=values, **extra)
+        store.record(ev.TaskPrologContext(
+            node=ctx.node, hook=ctx.hook, attempt=ctx.attempt, uid=os.getuid(),
+            step=environ.get("SLURM_STEP_ID", ""), task=environ.get("SLURM_PROCID", ""),
+            context=ctx.as_dict(), exports=values, extra=extra))
     except JobwrapError as exc:
         log.get().warning("task-prolog.state_unavailable", error=str(exc))
     return EXIT_OK
 
 
-def _staging_failure(ctx: JobContext, state: JobState) -> str:
-    """Why this node's prolog could not prepare the job: its data or its directives."""
-    for event in state.events():
-        if event.get("source") != "root" or event.get("node") != ctx.node or \
-                event.get("attempt") != ctx.attempt:
-            continue
-        if (event.get("event") == "staging.failed" and event.get("direction") == "in") or \
-                event.get("event") == "directives.invalid":
-            return " ".join(str(event.get("error", "")).split())
-    return ""
-
-
 def _is_batch(env: Mapping[str, str]) -> bool:
-    return env.get("SLURM_STEP_ID", "batch") in BATCH_STEP_IDS and \
+    return is_batch_step(env.get("SLURM_STEP_ID", "batch")) and \
         env.get("SLURM_PROCID", "0") == "0"
 
 
@@ -96,25 +86,20 @@ def _resume_point(ctx: JobContext, cfg: Config, record: jobrecord.JobRecord | No
     """The latest valid checkpoint, read with this (the job user's) rights; attempts >= 1."""
     if ctx.attempt < 1 or record is None or not record.checkpoint_dir:
         return None, None
-    from wrapper.checkpoints import latest_valid
-
-    options = record.job_options
     # Before the batch script runs nothing is writing; later steps may be mid-write.
     settle = 0.0 if batch else cfg.supervisor.settle_seconds
-    found = latest_valid(record.checkpoint_dir, glob=options.checkpoint_glob,
-                         marker=options.checkpoint_marker, settle_seconds=settle).latest
+    found = resume_mod.latest(record.checkpoint_dir, record.job_options,
+                              settle_seconds=settle)
     return (found.path, found.step) if found else (None, None)
 
 
-def _banner(ctx: JobContext, state: JobState, resume: str | None, step: int | None) -> str:
-    ends = [e for e in state.events() if e.get("source") == "root"
-            and e.get("event") in ("attempt.end", "prolog.unhealthy")]
+def _banner(ctx: JobContext, store: JobStore, resume: str | None, step: int | None) -> str:
+    end = store.last_end()
     why = ""
-    if ends and ends[-1]["event"] == "prolog.unhealthy":
-        why = (f" after node {ends[-1].get('node')} failed its health check "
-               f"({ends[-1].get('reason')})")
-    elif ends:
-        why = f" after {ends[-1].get('kind')} ({ends[-1].get('detail')})"
+    if isinstance(end, ev.PrologUnhealthy):
+        why = f" after node {end.node} failed its health check ({end.reason})"
+    elif end is not None:
+        why = f" after {end.kind} ({end.detail})"
     where = f"resuming from {resume}" + (f" (step {step})" if step is not None else "") \
         if resume else "no valid checkpoint: starting from the beginning"
     return f"jobwrap: attempt {ctx.attempt}{why}; {where}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from wrapper.classify import (
+from wrapper.restart.classify import (
     CANCELLED,
     HARDWARE,
     NODE_FAILURE,

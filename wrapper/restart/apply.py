@@ -1,0 +1,82 @@
+"""Acting on a restart decision: record it, requeue, release, and tell the job.
+
+The requeue is made at once (so the decision survives anything that follows), and a
+detached ``jobwrap release`` makes the job eligible as soon as Slurm has finished
+completing it, instead of after Slurm's fixed 121 s requeue delay. What the job's user
+reads is appended to the job's own output with the user's rights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from wrapper import log
+from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
+from wrapper.restart.evidence import USER_IO_TIMEOUT, Gathered
+from wrapper.restart.policy import Decision
+
+if TYPE_CHECKING:
+    from wrapper.config import Config
+    from wrapper.job.store import JobStore
+    from wrapper.jobrecord import JobRecord
+    from wrapper.osl.users import UserIds
+    from wrapper.restart.classify import Classification
+    from wrapper.slurm import SlurmBackend
+    from wrapper.slurm.context import JobContext
+
+# Starts ``jobwrap release JOBID [--exclude NODE]...`` detached (a fake records it in tests).
+Spawner = Callable[[Sequence[str]], object]
+
+
+def record(store: JobStore, ctx: JobContext, verdict: Classification, decision: Decision,
+           gathered: Gathered) -> None:
+    """Root's verdict on the attempt: what the next attempts' decisions read back."""
+    checkpoint, evidence = gathered.checkpoint, gathered.evidence
+    store.record(ev.AttemptEnd(
+        attempt=ctx.attempt, node=ctx.node, kind=verdict.kind, detail=verdict.detail,
+        signature=verdict.signature, exit_code=evidence.exit_code,
+        exit_signal=evidence.exit_signal, slurm_state=evidence.slurm_state,
+        checkpoint_path=checkpoint.path if checkpoint else None,
+        checkpoint_step=checkpoint.step if checkpoint else None,
+        decision=decision.action, reason=decision.reason, exclude=decision.exclude_nodes))
+    log.get().info("epilog.decision", kind=verdict.kind, decision=decision.action,
+                   reason=decision.reason)
+
+
+def requeue(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend,
+            decision: Decision, spawn: Spawner | None = None) -> bool:
+    """Requeue the job and start its release; a refusal is recorded, never raised."""
+    from wrapper import detach
+
+    try:
+        backend.requeue(ctx.job_id)
+        argv = detach.jobwrap_argv("release", ctx.job_id)
+        for node in decision.exclude_nodes:
+            argv += ["--exclude", node]
+        if spawn is None:
+            detach.spawn(argv, detach.hook_env(cfg.source))
+        else:
+            spawn(argv)
+    except JobwrapError as exc:  # Slurm said no: record it, and go on with the epilog
+        log.get().error("epilog.requeue_failed", error=str(exc))
+        store.record(ev.RequeueFailed(attempt=ctx.attempt, node=ctx.node, error=str(exc)))
+        return False
+    return True
+
+
+def tell_the_job(ctx: JobContext, record: JobRecord, user: UserIds, verdict: Classification,
+                 decision: Decision) -> None:
+    """One line in the job's own output: what ended the attempt and what happens next."""
+    if decision.action == "done" or not record.stdout:
+        return
+    from wrapper.osl.child import call_as
+    from wrapper.osl.files import append_text_line
+
+    message = f"jobwrap: attempt {ctx.attempt} ended: {verdict.kind} ({verdict.detail}). " \
+              f"{'Requeued' if decision.requeue else 'Not requeued'}: {decision.reason}"
+    try:
+        call_as(user, append_text_line, record.stdout, message, timeout=USER_IO_TIMEOUT)
+    except JobwrapError as exc:
+        log.get().warning("epilog.output_unwritable", error=str(exc))

@@ -1,0 +1,152 @@
+"""Everything the restart decision reads, gathered in one place: all of its I/O.
+
+Slurm's record of the job, the tail of the job's output (read with the user's rights,
+bounded, non-blocking), root's events and the supervisor's facts, root's own GPU probe
+when a reported fault needs confirming, and the latest valid checkpoint (as the user).
+What comes back (``Gathered``) is plain data: ``classify`` and ``policy`` decide from it
+without touching anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from wrapper import log
+from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
+from wrapper.restart.classify import Evidence, reports_gpu_fault
+from wrapper.restart.policy import PastAttempt
+from wrapper.restart.resume import Found
+from wrapper.slurm.records import SlurmJob
+
+if TYPE_CHECKING:
+    from wrapper.config import Config
+    from wrapper.job.store import JobStore
+    from wrapper.jobrecord import JobRecord
+    from wrapper.osl.users import UserIds
+    from wrapper.slurm import SlurmBackend
+    from wrapper.slurm.context import JobContext
+
+OUTPUT_TAIL_BYTES = 65536  # of the job's output, read to classify the attempt
+USER_IO_TIMEOUT = 10.0  # seconds a read or write of the job's output may take
+
+# Root's own probe of the job's GPUs: node, GPUs -> the faults found (raises if it cannot).
+GpuConfirmer = Callable[[str, Sequence[int]], list[str]]
+
+
+@dataclass(frozen=True)
+class Gathered:
+    evidence: Evidence
+    job: SlurmJob  # Slurm's record (empty fields when Slurm could not be asked)
+    info: dict[str, str] = field(default_factory=dict)  # the raw record, for the archive
+    history: list[PastAttempt] = field(default_factory=list)
+    checkpoint: Found | None = None
+
+
+def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
+           backend: SlurmBackend, user: UserIds, *, gpu_check_failed: bool,
+           gpu_checked: bool, confirm: GpuConfirmer | None = None) -> Gathered:
+    """``gpu_check_failed``: root's post-job check on this node failed; ``gpu_checked``: it
+    ran (else a reported GPU fault is confirmed by a probe of root's own here)."""
+    from wrapper.facts import supervisor_facts
+
+    events = store.events()
+    supervisor_events = supervisor_facts(store.state, ctx.attempt)
+    claims = {e.KIND for e in events if not e.from_root and e.attempt == ctx.attempt}
+    unconfirmed = tuple(f"{name} in the job's own event file" for name in
+                        sorted(claims & ev.FACT_KINDS - set(supervisor_events)))
+    info: dict[str, str] = {}
+    try:
+        info = backend.job_info(ctx.job_id)
+    except JobwrapError as exc:
+        log.get().warning("epilog.job_info_unavailable", error=str(exc))
+    tail = output_tail(record, user)
+    if not gpu_check_failed and not gpu_checked and (
+            ev.GpuFault.KIND in supervisor_events or ev.GpuFault.KIND in claims
+            or reports_gpu_fault(tail)):
+        gpu_check_failed = _confirm_gpu_fault(ctx, cfg, store, confirm)
+    job = SlurmJob.of(info)
+    evidence = Evidence(exit_code=ctx.exit_code, exit_signal=ctx.exit_signal,
+                        staging_error=_refusal(store, ctx.attempt, events),
+                        slurm_state=job.final_state, supervisor_events=supervisor_events,
+                        gpu_check_failed=gpu_check_failed, unconfirmed=unconfirmed,
+                        output_tail=tail)
+    history = [PastAttempt(e.attempt, e.kind, e.signature, e.checkpoint_step,
+                           e.checkpoint_path)
+               for e in store.history(ctx.attempt, events)]
+    return Gathered(evidence, job, info, history, latest_checkpoint(record, user))
+
+
+def _refusal(store: JobStore, attempt: int, events: list[ev.Event]) -> str:
+    """The first stage-in failure or invalid directives of ``attempt`` on any node."""
+    for event in events:
+        if event.from_root and event.attempt == attempt and (
+                (isinstance(event, ev.StagingFailed) and event.direction == "in")
+                or isinstance(event, ev.DirectivesInvalid)):
+            return event.error
+    return ""
+
+
+def output_tail(record: JobRecord, user: UserIds) -> str:
+    """The last bytes of the job's output files, read as the job's user."""
+    from wrapper.osl.child import call_as
+    from wrapper.osl.files import read_tail_text
+
+    tail = ""
+    for path in dict.fromkeys([record.stdout, record.stderr]):
+        if path:
+            try:
+                # The user's rights, a no-follow non-blocking open of a regular file only,
+                # a bounded tail and a deadline: a FIFO, /dev/zero or a huge file in the
+                # output's place cannot hold the epilog.
+                tail += call_as(user, read_tail_text, path, OUTPUT_TAIL_BYTES,
+                                timeout=USER_IO_TIMEOUT)
+            except JobwrapError as exc:
+                log.get().warning("epilog.output_unreadable", path=path, error=str(exc))
+    return tail
+
+
+def _confirm_gpu_fault(ctx: JobContext, cfg: Config, store: JobStore,
+                       confirm: GpuConfirmer | None) -> bool:
+    """A GPU fault was reported and the post-job check did not run: root probes itself."""
+    if confirm is None:
+        from wrapper.facts import confirm_gpu_fault
+
+        def confirm(node: str, gpus: Sequence[int]) -> list[str]:
+            return confirm_gpu_fault(cfg, node, gpus)
+    try:
+        faults = confirm(ctx.node, ctx.gpus)
+    except JobwrapError as exc:  # the probe, not the GPU: nothing is confirmed
+        log.get().error("epilog.gpu_unconfirmed", error=str(exc))
+        return False
+    cls = ev.GpuConfirmed if faults else ev.GpuNotConfirmed
+    store.record(cls(attempt=ctx.attempt, node=ctx.node, faults=faults))
+    return bool(faults)
+
+
+def latest_checkpoint(record: JobRecord, user: UserIds) -> Found | None:
+    """The latest valid checkpoint, looked up with the job user's rights."""
+    if not record.checkpoint_dir:
+        return None
+    from wrapper.osl.child import call_as
+
+    try:
+        found: dict[str, Any] | None = call_as(user, _find, record.checkpoint_dir,
+                                               record.job_options.checkpoint_glob,
+                                               record.job_options.checkpoint_marker)
+    except JobwrapError as exc:
+        log.get().warning("epilog.checkpoints_unreadable", error=str(exc))
+        return None
+    return Found(found["path"], found["step"], found["layout"]) if found else None
+
+
+def _find(directory: str, glob: str | None, marker: str | None) -> dict[str, Any] | None:
+    from wrapper.directives import JobOptions
+    from wrapper.restart.resume import latest
+
+    # The job has ended: nothing is still writing, so no settle time is needed.
+    found = latest(directory, JobOptions(checkpoint_glob=glob, checkpoint_marker=marker))
+    # Plain data back across the user-rights child's pipe.
+    return {"path": found.path, "step": found.step, "layout": found.layout} if found else None
