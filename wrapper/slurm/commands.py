@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
 
 from wrapper.config import SlurmConfig
 from wrapper.errors import CommandError, SlurmError
 from wrapper.runner import Runner
+from wrapper.slurm.parse import check_job_id as _job_id
+from wrapper.slurm.parse import check_node as _node
 from wrapper.slurm.parse import expand_hostlist, parse_record
 from wrapper.slurm.records import AmbiguousJobName, from_json_job, from_json_node, parse_job_text
 
 DRAIN_PREFIX = "jobwrap:"
-_JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]+)?$")
-_NODE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-
-
-def _job_id(job_id: str) -> str:
-    if not _JOB_ID.match(str(job_id)):
-        raise SlurmError(f"{job_id!r} is not a Slurm job id")
-    return str(job_id)
-
-
-def _node(node: str) -> str:
-    if not _NODE.match(node):
-        raise SlurmError(f"{node!r} is not a Slurm node name")
-    return node
 
 
 def drain_reason(reason: str) -> str:

@@ -170,3 +170,21 @@ def parse_record(line: str) -> dict[str, str]:
         end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
         record[match.group(1)] = line[match.end():end].strip()
     return record
+
+
+_JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]+)?$")
+_NODE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if it is a Slurm job id (``123`` or ``123_4``), else SlurmError."""
+    if not _JOB_ID.match(str(job_id)):
+        raise SlurmError(f"{job_id!r} is not a Slurm job id")
+    return str(job_id)
+
+
+def check_node(node: str) -> str:
+    """``node`` if it is a Slurm node name, else SlurmError."""
+    if not _NODE.match(node):
+        raise SlurmError(f"{node!r} is not a Slurm node name")
+    return node

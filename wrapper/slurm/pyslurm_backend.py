@@ -11,7 +11,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from wrapper.slurm.commands import CliBackend, _job_id, _node
+from wrapper.slurm.commands import CliBackend
+from wrapper.slurm.parse import check_job_id as _job_id
+from wrapper.slurm.parse import check_node as _node
 
 
 def major_minor(version: str) -> str:

@@ -238,6 +238,17 @@ def from_json_node(data: Mapping[str, Any]) -> dict[str, str]:
 
 
 # -- the typed view ---------------------------------------------------------------------------
+# Slurm's Reason while a job is COMPLETING tells what ended it.
+REASON_STATE = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "NodeFail": "NODE_FAIL",
+                "Preempted": "PREEMPTED", "OutOfMemory": "OUT_OF_MEMORY"}
+# The batch step's id as SLURM_STEP_ID gives it (its name, or SLURM_BATCH_SCRIPT's number).
+BATCH_STEP_IDS = ("batch", "4294967294")
+
+
+def is_batch_step(step_id: str) -> bool:
+    return step_id in BATCH_STEP_IDS
+
+
 @dataclass(frozen=True)
 class SlurmJob:
     """The facts of a job record that jobwrap decides from, typed."""
@@ -254,6 +265,22 @@ class SlurmJob:
     work_dir: str
     stdout: str
     stderr: str
+    array_job_id: str = ""
+    array_task_id: str = ""
+
+    @property
+    def final_state(self) -> str:
+        """How the job ended, as the epilog sees it: while Slurm still says COMPLETING
+        (or nothing), its Reason tells what ended it ("" when it does not)."""
+        if self.state == "COMPLETING" or not self.state:
+            return REASON_STATE.get(self.reason, "")
+        return self.state
+
+    @property
+    def requeue_allowed(self) -> bool:
+        """Slurm would accept a requeue: not ``Requeue=0`` (sbatch --no-requeue, or a
+        site's job_submit); an unknown value is not a refusal."""
+        return self.requeue is not False
 
     @classmethod
     def of(cls, fields: Mapping[str, str]) -> SlurmJob:
@@ -273,7 +300,9 @@ class SlurmJob:
                    nodes=_null(fields.get("NodeList", "")),
                    excluded=_null(fields.get("ExcNodeList", "")),
                    work_dir=fields.get("WorkDir", ""), stdout=fields.get("StdOut", ""),
-                   stderr=fields.get("StdErr", ""))
+                   stderr=fields.get("StdErr", ""),
+                   array_job_id=_null(fields.get("ArrayJobId", "")),
+                   array_task_id=_null(fields.get("ArrayTaskId", "")))
 
 
 def _null(text: str) -> str:

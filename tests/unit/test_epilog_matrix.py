@@ -1,0 +1,161 @@
+"""The epilog's decision path driven with fakes: every class x history x requeue-allowed.
+
+The real evidence gathering (root's events, the supervisor's facts file, the job's
+output read from disk, Slurm's record) runs against a temporary state folder and the
+in-process ``FakeSlurm``; the GPU confirmer and the release spawner are fakes that
+record their calls. What is checked is what root wrote (``attempt.end``) and did
+(requeue, release argv, excluded node, the line in the job's output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from wrapper import jobrecord
+from wrapper.config import Config, PathsConfig
+from wrapper.hooks import Services
+from wrapper.hooks.epilog import decide_attempt
+from wrapper.job import events as ev
+from wrapper.job.paths import SUPERVISOR_FACTS
+from wrapper.job.store import JobStore
+from wrapper.jobrecord import JobRecord
+from wrapper.slurm.context import JobContext
+from wrapper.slurm.fake import FakeSlurm
+from wrapper.state import JobState
+
+JOB = "77"
+MAX_RESTARTS = 3
+# class -> how the attempt ends: (exit code, Slurm JobState, output tail, extra setup)
+CASES: dict[str, tuple[int, str, str, str]] = {
+    "success": (0, "COMPLETED", "done\n", ""),
+    "hardware": (1, "FAILED", "", "gpu_check_failed"),
+    "node_failure": (1, "NODE_FAIL", "", ""),
+    "hang": (137, "FAILED", "", "hang_fact"),
+    "nccl_timeout": (1, "FAILED", "NCCL watchdog: collective operation timed out\n", ""),
+    "cuda_oom": (1, "FAILED", "torch.OutOfMemoryError: CUDA out of memory\n", ""),
+    "host_oom": (1, "OUT_OF_MEMORY", "", ""),
+    "walltime": (0, "TIMEOUT", "", ""),
+    "preempted": (0, "PREEMPTED", "", ""),
+    "cancelled": (0, "CANCELLED", "", ""),
+    "staging": (1, "FAILED", "", "staging_failed"),
+    "user_error": (1, "FAILED", "ValueError: bad input\n", ""),
+}
+HISTORIES = ("first", "one_failure_before", "at_limit")
+NOT_COUNTED = {"hardware", "node_failure", "preempted"}
+NEVER_RETRIED = {"success", "cancelled", "staging", "cuda_oom"}
+
+
+def expected(kind: str, history: str, allowed: bool) -> str:
+    """The decision, written down from the policy's rules rather than computed by them."""
+    if kind == "success":
+        return "done"
+    if kind in NEVER_RETRIED or not allowed or history == "at_limit":
+        return "stop"
+    if history == "one_failure_before" and kind not in NOT_COUNTED:
+        return "stop"  # the same error twice, or no checkpoint progress in two attempts
+    return "requeue"
+
+
+def setup(tmp_path: Path, kind: str, history: str, allowed: bool
+          ) -> tuple[JobContext, Config, JobState, JobRecord, FakeSlurm, bool]:
+    code, slurm_state, tail, extra = CASES[kind]
+    cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state"),
+                                   scratch_root=str(tmp_path / "scratch"),
+                                   archive_root=str(tmp_path / "archive")))
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(os.getuid(), os.getgid())
+    out = tmp_path / "job.out"
+    out.write_text("step 1\n" + tail)
+    record = JobRecord(job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(), nodes=["n1"],
+                       gpus=[0], work_dir=str(tmp_path), stdout=str(out), stderr=str(out),
+                       options={"max_restarts": MAX_RESTARTS})
+    state.write_json(jobrecord.RECORD, record.as_dict())
+    attempt = {"first": 0, "one_failure_before": 1, "at_limit": MAX_RESTARTS}[history]
+    store = JobStore(state)
+    store.record(ev.PrologContext(node="n1", hook="prolog", attempt=attempt))
+    if history == "one_failure_before":
+        store.record(ev.AttemptEnd(attempt=0, node="n1", kind="user_error", detail="exit 1",
+                                   signature="exit:1:0:", decision="requeue"))
+    if extra == "staging_failed":
+        store.record(ev.StagingFailed(attempt=attempt, node="n1", direction="in",
+                                      error="no such dataset"))
+    if extra == "hang_fact":
+        path = state.path / SUPERVISOR_FACTS
+        path.write_text(json.dumps({"event": "hang", "attempt": attempt}) + "\n")
+        path.chmod(0o600)
+    slurm = FakeSlurm(jobs={JOB: {"JobId": JOB, "JobState": slurm_state,
+                                  "Requeue": "1" if allowed else "0"}})
+    ctx = JobContext(hook="epilog", job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(),
+                     node="n1", nodes=["n1"], gpus=[0], attempt=attempt, exit_code=code,
+                     exit_signal=0)
+    return ctx, cfg, state, record, slurm, extra == "gpu_check_failed"
+
+
+@pytest.mark.parametrize("allowed", [True, False], ids=["requeue_allowed", "no_requeue"])
+@pytest.mark.parametrize("history", HISTORIES)
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_epilog_decision_matrix(tmp_path: Path, kind: str, history: str,
+                                allowed: bool) -> None:
+    ctx, cfg, state, record, slurm, gpu_failed = setup(tmp_path, kind, history, allowed)
+    spawned: list[Sequence[str]] = []
+    services = Services(cfg, slurm_factory=lambda: slurm, spawn=spawned.append,
+                        gpu_confirm=lambda node, gpus: [])
+    decision, info = decide_attempt(ctx, cfg, state, record, slurm,
+                                    gpu_check_failed=gpu_failed, gpu_checked=True,
+                                    services=services)
+    ends = [e for e in JobStore(state).root_events()
+            if isinstance(e, ev.AttemptEnd) and e.attempt == ctx.attempt]
+    assert len(ends) == 1
+    assert ends[0].kind == kind, ends[0].detail
+    assert decision.action == ends[0].decision == expected(kind, history, allowed), \
+        decision.reason
+    assert info["JobState"] == CASES[kind][1]
+    requeued = decision.action == "requeue"
+    assert bool(slurm.did("requeue")) == requeued
+    assert bool(spawned) == requeued
+    if requeued:
+        argv = list(spawned[0])
+        assert argv[argv.index("release") + 1] == JOB
+        assert ("--exclude" in argv) == (kind in ("hardware", "node_failure"))
+    told = Path(record.stdout).read_text()
+    assert (f"jobwrap: attempt {ctx.attempt} ended: {kind}" in told) == (kind != "success")
+
+
+def test_a_refused_requeue_is_recorded_not_raised(tmp_path: Path) -> None:
+    ctx, cfg, state, record, slurm, _ = setup(tmp_path, "node_failure", "first", True)
+    slurm.refuse_requeue = "Requested operation is presently disabled"
+    spawned: list[Sequence[str]] = []
+    decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+                   services=Services(cfg, spawn=spawned.append))
+    failed = [e for e in JobStore(state).root_events() if isinstance(e, ev.RequeueFailed)]
+    assert [e.error for e in failed] == ["Requested operation is presently disabled"]
+    assert spawned == []
+
+
+def test_a_reported_gpu_fault_is_hardware_only_once_root_confirms(tmp_path: Path) -> None:
+    for confirmed in ([], ["xid gpu0: Xid 79"]):
+        ctx, cfg, state, record, slurm, _ = setup(tmp_path / str(len(confirmed)), "user_error",
+                                                  "first", True)
+        Path(record.stdout).write_text("Xid 79: GPU has fallen off the bus\n")
+        asked: list[tuple[str, list[int]]] = []
+
+        def confirm(node: str, gpus: Sequence[int], found: list[str] = confirmed
+                    ) -> list[str]:
+            asked.append((node, list(gpus)))
+            return found
+
+        decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+                                     gpu_checked=False,
+                                     services=Services(cfg, gpu_confirm=confirm,
+                                                       spawn=lambda argv: None))
+        assert asked == [("n1", [0])]
+        end = JobStore(state).last_end()
+        assert isinstance(end, ev.AttemptEnd)
+        assert end.kind == ("hardware" if confirmed else "user_error")
+        kinds = {e.KIND for e in JobStore(state).root_events()}
+        assert ("gpu.confirmed" if confirmed else "gpu.not_confirmed") in kinds
