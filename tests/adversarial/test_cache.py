@@ -20,8 +20,8 @@ from wrapper.errors import UserInputError
 from wrapper.staging import Cache, StageSettings, UserIds, parse_stage_in, prepare_scratch
 from wrapper.staging import stage_in as copy_in
 from wrapper.staging.cache import CacheFull, Claim
-from wrapper.staging.manifest import Manifest, SourceTree
 from wrapper.staging.stagein import source_of
+from wrapper.staging.tree import Manifest, SourceTree
 
 SETTINGS = StageSettings(free_margin_bytes=0)
 MIB = 1 << 20

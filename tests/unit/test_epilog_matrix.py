@@ -144,12 +144,12 @@ def test_a_reported_gpu_fault_is_hardware_only_once_root_confirms(tmp_path: Path
         Path(record.stdout).write_text("Xid 79: GPU has fallen off the bus\n")
         asked: list[tuple[str, list[int]]] = []
 
-        def confirm(node: str, gpus: Sequence[int], found: list[str] = confirmed
-                    ) -> list[str]:
+        def confirm(node: str, gpus: Sequence[int], found: list[str] = confirmed,
+                    asked: list[tuple[str, list[int]]] = asked) -> list[str]:
             asked.append((node, list(gpus)))
             return found
 
-        decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+        decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
                                      gpu_checked=False,
                                      services=Services(cfg, gpu_confirm=confirm,
                                                        spawn=lambda argv: None))

@@ -34,7 +34,7 @@ from wrapper.staging import (
     prepare_scratch,
     stage_in,
 )
-from wrapper.staging.manifest import SourceTree
+from wrapper.staging.tree import SourceTree
 
 SETTINGS = StageSettings(free_margin_bytes=0)
 MIB = 1 << 20

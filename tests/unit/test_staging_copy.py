@@ -26,7 +26,7 @@ from wrapper.staging import (
     stage_in,
 )
 from wrapper.staging import copy as engine
-from wrapper.staging.manifest import Entry, SourceTree
+from wrapper.staging.tree import Entry, SourceTree
 
 NO_MARGIN = StageSettings(free_margin_bytes=0)
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from wrapper.errors import UserInputError
 from wrapper.staging import StageIn, StageOut, parse_stage_in, parse_stage_out
-from wrapper.staging.manifest import is_inner_path
 from wrapper.staging.spec import member_path, scratch_path
+from wrapper.staging.tree import is_inner_path
 
 
 @pytest.mark.parametrize(

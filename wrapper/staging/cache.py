@@ -68,9 +68,9 @@ from wrapper.staging.copy import (
 )
 from wrapper.staging.errors import NoSpaceError, StagingError
 from wrapper.staging.fdtree import DIR_FLAGS, DirTree, open_dir
-from wrapper.staging.manifest import DIR, FILE, Entry, Manifest, sha256_fd
 from wrapper.staging.privileges import UserIds
 from wrapper.staging.scratch import remove_tree
+from wrapper.staging.tree import DIR, FILE, Entry, Manifest, sha256_fd
 
 if TYPE_CHECKING:
     from wrapper.config import StagingConfig

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from wrapper.errors import UserInputError
 from wrapper.staging.errors import NoSpaceError, StagingError
 from wrapper.staging.fdtree import DirTree
-from wrapper.staging.manifest import DIR, LINK, Entry, Manifest, sha256_fd
 from wrapper.staging.report import Progress, format_bytes
+from wrapper.staging.tree import DIR, LINK, Entry, Manifest, sha256_fd
 
 VERIFY_CHOICES = ("size", "sha256")
 CHUNK = 64 << 20  # bytes per copy_file_range call: how often a large file reports progress

@@ -32,18 +32,18 @@ from functools import partial
 from pathlib import Path
 
 from wrapper.errors import JobwrapError, UserInputError
-from wrapper.staging.archive import unpack
 from wrapper.staging.cache import Cache, CacheFull
 from wrapper.staging.channel import Channel
 from wrapper.staging.copy import Meter, check_space, copy_tree, space_needed
 from wrapper.staging.errors import StagingError
 from wrapper.staging.fdtree import DirTree, open_dir, raise_fd_limit
-from wrapper.staging.manifest import DIR, FILE, Entry, Manifest, SourceTree, opened_path
 from wrapper.staging.privileges import UserIds, Worker
 from wrapper.staging.report import Progress, StageItem, StageReport
 from wrapper.staging.scratch import remove_tree
 from wrapper.staging.settings import StageSettings
 from wrapper.staging.spec import StageIn
+from wrapper.staging.tree import DIR, FILE, Entry, Manifest, SourceTree, opened_path
+from wrapper.staging.unpack import unpack
 
 _BATCH = 128  # descriptors per message (the kernel allows 253)
 ProgressFn = Callable[[Progress], None]

@@ -20,12 +20,12 @@ from wrapper.staging.channel import Channel
 from wrapper.staging.copy import Meter, check_space, copy_tree, space_needed
 from wrapper.staging.errors import StagingError
 from wrapper.staging.fdtree import DirTree, raise_fd_limit
-from wrapper.staging.manifest import SourceTree
 from wrapper.staging.privileges import UserIds, Worker
 from wrapper.staging.report import Progress, StageItem, StageReport
 from wrapper.staging.settings import StageSettings
 from wrapper.staging.spec import StageOut
 from wrapper.staging.stagein import ProgressFn, open_scratch, prefixed, resolve, serialized
+from wrapper.staging.tree import SourceTree
 
 
 def stage_out(specs: Sequence[StageOut], *, scratch: Path, user: UserIds,

@@ -30,9 +30,9 @@ from wrapper.errors import UserInputError
 from wrapper.staging.copy import BUFFER, Meter, TreeResult, write_error
 from wrapper.staging.errors import StagingError
 from wrapper.staging.fdtree import DirTree
-from wrapper.staging.manifest import sha256_fd
 from wrapper.staging.report import format_bytes
 from wrapper.staging.spec import member_path
+from wrapper.staging.tree import sha256_fd
 
 FORMATS = "tar, tar.gz, tar.bz2, tar.xz, tar.zst or zip"
 _ZIP = (b"PK\x03\x04", b"PK\x05\x06")
