@@ -62,3 +62,35 @@ def pyslurm_wheel(prefix: str) -> Path | None:
         return None
     wheels = sorted((Path(prefix) / "wheels").glob("pyslurm-*.whl"))
     return wheels[-1] if wheels else None
+
+
+# slurmctld RPCs jobwrap itself may make (queries and updates), as sdiag names them.
+JOBWRAP_RPCS = ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE", "REQUEST_BATCH_SCRIPT",
+                "REQUEST_NODE_INFO", "REQUEST_NODE_INFO_SINGLE", "REQUEST_JOB_STEP_INFO",
+                "REQUEST_UPDATE_JOB", "REQUEST_UPDATE_NODE", "REQUEST_JOB_REQUEUE",
+                "REQUEST_KILL_JOB", "REQUEST_CANCEL_JOB_STEP")
+
+
+def rpc_counts(sdiag: str) -> dict[str, int]:
+    """sdiag's "statistics by message type": RPC name -> count since slurmctld started."""
+    import re
+
+    out: dict[str, int] = {}
+    section = False
+    for line in sdiag.splitlines():
+        if "by message type" in line:
+            section = True
+            continue
+        if section and ("by user" in line or "Pending RPC" in line):
+            break
+        match = re.match(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)", line)
+        if section and match:
+            out[match.group(1)] = int(match.group(2))
+    return out
+
+
+def rpc_delta(before: Mapping[str, int], after: Mapping[str, int],
+              names: tuple[str, ...] = JOBWRAP_RPCS) -> dict[str, int]:
+    """The RPCs of ``names`` made between two rpc_counts, those that were made only."""
+    delta = {n: after.get(n, 0) - before.get(n, 0) for n in names}
+    return {n: d for n, d in delta.items() if d}
