@@ -58,3 +58,68 @@ def test_missing_node_name() -> None:
     del env["SLURMD_NODENAME"]
     with pytest.raises(NotUnderSlurm, match="SLURMD_NODENAME"):
         from_env("prolog", env)
+
+
+# What Slurm 25.11 adds to the prolog's environment (prep_script_slurmd.c, seen running).
+ENV_25 = {**PROLOG_ENV, "SLURM_JOB_START_TIME": "1700000000",
+          "SLURM_JOB_END_TIME": str(1700000000 + 90 * 60), "SLURM_JOB_STDERR": "/logs/%u-%4j.err"}
+
+
+def test_slurm_25_environment_answers_what_the_prolog_asked_slurmctld() -> None:
+    from datetime import datetime
+
+    from wrapper.jobrecord import parse_slurm_time, parse_time_limit
+    from wrapper.slurm.context import known_info
+
+    info = known_info(from_env("prolog", ENV_25))
+    assert info is not None
+    assert info["StdOut"] == "/home/alice/job-17.out"
+    assert info["StdErr"] == "/logs/alice-0017.err"
+    assert info["WorkDir"] == "/home/alice"
+    assert parse_time_limit(info["TimeLimit"]) == 90 * 60
+    assert parse_slurm_time(info["StartTime"]) == 1700000000
+    assert datetime.fromisoformat(info["StartTime"])
+
+
+@pytest.mark.parametrize("change", [
+    {"SLURM_JOB_START_TIME": ""},  # Slurm 22.05: none of these
+    {"SLURM_JOB_STDOUT": "out-%x.log"},  # the job's name: only slurmctld knows it
+    {"SLURM_JOB_STDERR": "%A_%a.err"},  # array ids
+])
+def test_what_the_environment_cannot_say_is_asked(change: dict[str, str]) -> None:
+    from wrapper.slurm.context import known_info
+
+    assert known_info(from_env("prolog", {**ENV_25, **change})) is None
+
+
+def test_unlimited_job_and_escaped_pattern() -> None:
+    from wrapper.slurm.context import known_info
+
+    info = known_info(from_env("prolog", {**ENV_25, "SLURM_JOB_END_TIME": str(
+        1700000000 + 366 * 86400), "SLURM_JOB_STDOUT": "raw\\%j.out"}))
+    assert info is not None and info["TimeLimit"] == "UNLIMITED"
+    assert info["StdOut"] == "/home/alice/raw%j.out"
+
+
+@pytest.mark.parametrize("extra", ["", "rack=7", "jobwrap:10 x", "jobwrap:1x"])
+def test_extra_not_written_by_jobwrap_is_no_script(extra: str) -> None:
+    from wrapper.slurm.context import known_script
+
+    assert known_script(from_env("prolog", {**PROLOG_ENV, "SLURM_JOB_EXTRA": extra})) is None
+
+
+def test_a_rewritten_extra_is_user_input_checked_like_a_script() -> None:
+    """scontrol update Extra=... is the user's: the prolog's parse of it is the script's."""
+    from wrapper.directives import parse_script
+    from wrapper.errors import UserInputError
+    from wrapper.jobrecord import _build
+    from wrapper.slurm.context import known_script
+
+    ctx = from_env("prolog", {**PROLOG_ENV, "SLURM_JOB_EXTRA":
+                              "jobwrap:1 #JOBWRAP --max-restarts=100000%0A#JOBWRAP --x"})
+    script = known_script(ctx)
+    assert script == "#JOBWRAP --max-restarts=100000\n#JOBWRAP --x"
+    with pytest.raises(UserInputError):
+        parse_script(script)
+    record = _build(ctx, {"WorkDir": "/home/alice"}, script)
+    assert record.options_error and record.options == _build(ctx, {}, "").options

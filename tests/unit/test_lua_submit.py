@@ -223,3 +223,44 @@ def test_debians_plugin_lua_is_among_the_tested() -> None:
     assert version.group(1) in tested, (
         f"job_submit_lua.so links Lua {version.group(1)}; apt-get install -y "
         f"lua{version.group(1)} so the plugin is tested under it")
+
+
+# -- the directives every node's prolog reads from SLURM_JOB_EXTRA (Slurm 23.02+) ---------
+def _ctx_of(extra: str) -> Any:
+    from wrapper.slurm.context import from_env
+
+    return from_env("prolog", {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "n1",
+                               "SLURM_JOB_EXTRA": extra})
+
+
+def test_directives_kept_in_extra_parse_as_the_script_does(lua: str, tmp_path: Path) -> None:
+    from wrapper.directives import parse_script
+    from wrapper.slurm.context import known_script
+
+    script = ("#!/bin/bash\n#SBATCH --signal=USR2@60\n#JOBWRAP --checkpoint-dir='my ckpt' "
+              "--max-restarts=2\n#JOBWRAPPER not ours\n#JOBWRAP --stage-in=/data/s\u00e9t:set"
+              "\t--hang-timeout=1h\nsrun x\n#JOBWRAP --max-restarts=9\n")
+    result = _one(lua, tmp_path, luarun.submit_case(script))
+    assert result["rc"] == SUCCESS
+    extra = result["extra"]
+    assert extra.startswith("jobwrap:1 ") and "\n" not in extra and "\t" not in extra
+    kept = known_script(_ctx_of(extra))
+    assert kept is not None and "#SBATCH --signal=USR2@60" in kept
+    assert "JOBWRAPPER" not in kept and "srun" not in kept
+    assert parse_script(kept) == parse_script(script)
+
+
+def test_the_jobs_own_extra_is_left_alone(lua: str, tmp_path: Path) -> None:
+    from wrapper.slurm.context import known_script
+
+    mine = _one(lua, tmp_path, luarun.submit_case(PLAIN, extra="rack=7"))
+    assert "extra" not in mine
+    assert known_script(_ctx_of("rack=7")) is None
+    forged = _one(lua, tmp_path, luarun.submit_case(PLAIN, extra="jobwrap:1 #JOBWRAP --x"))
+    assert forged["extra"] == "jobwrap:1 "  # the script's own (none), not the forgery
+
+
+def test_a_long_header_leaves_the_prolog_to_read_the_script(lua: str, tmp_path: Path) -> None:
+    script = "#!/bin/bash\n" + "#JOBWRAP --checkpoint-glob=" + "x" * 5000 + "\nsrun x\n"
+    result = _one(lua, tmp_path, luarun.submit_case(script))
+    assert result["rc"] == SUCCESS and result["extra"] == ""

@@ -753,6 +753,43 @@ local function add_signal(job_desc)
     return string.format("%s@%d", SITE.signal_name, SITE.signal_lead)
 end
 
+-- What every node's prolog needs of the script, kept in the job's Extra field, which
+-- Slurm 23.02+ hands each prolog as SLURM_JOB_EXTRA: the header's #JOBWRAP lines and its
+-- #SBATCH --signal lines, "%XX"-encoded (%, control and non-ASCII bytes) and joined by
+-- %0A after the tag. The prolog then asks slurmctld for no batch script. The job's own
+-- --extra is left alone (the prolog then reads the script). A user can rewrite Extra
+-- (scontrol update): the prolog parses it with the same rules and bounds as a script,
+-- as the user input it is (wrapper/slurm/context.py).
+local EXTRA_TAG = "jobwrap:1"
+local EXTRA_MOST = 4096
+
+local function percent(c)
+    return string.format("%%%02X", c:byte())
+end
+
+local function store_directives(job_desc, header)
+    local current = job_desc.extra
+    if current ~= nil and current ~= "" and not starts_with(current, EXTRA_TAG) then
+        return "left: the job's own --extra"
+    end
+    local kept = {}
+    for _, item in ipairs(header) do
+        local line = item[2]
+        local after = line:sub(#PREFIX + 1, #PREFIX + 1)
+        local ours = starts_with(line, PREFIX) and (after == "" or after:find(WS) ~= nil)
+        if ours or (starts_with(line, "#SBATCH") and line:find("--signal", 1, true)) then
+            kept[#kept + 1] = (line:gsub("[%%%c\128-\255]", percent))
+        end
+    end
+    local text = EXTRA_TAG .. " " .. table.concat(kept, "%0A")
+    if #text > EXTRA_MOST then
+        job_desc.extra = "" -- too long: the prolog reads the script
+        return "too long; the prolog reads the script"
+    end
+    job_desc.extra = text
+    return "stored"
+end
+
 local function refuse(message)
     -- log_user formats its arguments like string.format: never pass text as the format.
     slurm.log_user("%s", message)
@@ -782,8 +819,10 @@ local function submit(job_desc, submit_uid)
         job_desc.requeue = requeue
     end
     local signal = add_signal(job_desc)
-    slurm.log_debug("jobwrap: job of uid %s: requeue=%s (%s), pre-timeout signal: %s",
-        tostring(submit_uid), tostring(requeue), why, signal)
+    local stored = store_directives(job_desc, header)
+    slurm.log_debug("jobwrap: job of uid %s: requeue=%s (%s), pre-timeout signal: %s, "
+        .. "directives for the prolog: %s", tostring(submit_uid), tostring(requeue), why,
+        signal, stored)
     return slurm.SUCCESS
 end
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from wrapper.errors import JobwrapError
 from wrapper.runner import Runner
+from wrapper.sandbox import flavor
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "python3-venv"]
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "scontrol", "munged"]
@@ -59,6 +60,8 @@ class Spec:
     node_ports: list[int] = field(default_factory=lambda: [17001, 17002])
     user: str = "jwtest"
     cpus_per_node: int = 2
+    # "" Debian's Slurm; else a built one's prefix (flavor.PREFIX_VARIABLE)
+    slurm_prefix: str = field(default_factory=flavor.prefix_from_env)
 
 
 @dataclass
@@ -114,7 +117,8 @@ class Cluster:
 
     def env(self) -> dict[str, str]:
         """Environment for Slurm clients talking to this cluster."""
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        return flavor.client_env(self.spec.slurm_prefix,
+                                 {**os.environ, "SLURM_CONF": str(self.conf)})
 
     # -- lifecycle -----------------------------------------------------------------------
     def up(self, *, log: Any = print) -> None:
@@ -239,6 +243,9 @@ class Cluster:
         # Dependencies once; later ups reinstall only jobwrap itself, from this checkout.
         extra = [] if fresh else ["--no-deps", "--force-reinstall"]
         runner.run([*pip, *extra, str(stage)], timeout=600)
+        wheel = flavor.pyslurm_wheel(self.spec.slurm_prefix)
+        if fresh and wheel is not None:  # built against this very Slurm
+            runner.run([*pip, "--no-deps", str(wheel)], timeout=600)
         shutil.rmtree(stage, ignore_errors=True)
         for hooks in ("prolog", "epilog"):
             target = self.runtime / hooks
@@ -324,7 +331,7 @@ level = "debug"
 
 [slurm]
 command_timeout = 20
-
+{flavor.slurm_section(spec.slurm_prefix)}
 [gpu]
 backend = "fake"
 fake_inventory = "{b}/gpus/{{node}}.toml"
@@ -377,8 +384,10 @@ epilog_budget = 100
     def _start_daemons(self) -> None:
         env = self.env()
         log_dir = self.base / "log"
-        specs = [("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])]
-        specs += [(f"slurmd-{n}", ["slurmd", "-D", "-N", n, "-f", str(self.conf)])
+        prefix = self.spec.slurm_prefix
+        ctld, slurmd = flavor.program(prefix, "slurmctld"), flavor.program(prefix, "slurmd")
+        specs = [("slurmctld", [ctld, "-D", "-i", "-f", str(self.conf)])]
+        specs += [(f"slurmd-{n}", [slurmd, "-D", "-N", n, "-f", str(self.conf)])
                   for n in self.spec.nodes]
         for name, argv in specs:
             out = open(log_dir / f"{name}.stdout", "ab")  # noqa: SIM115 - handed to the daemon
@@ -439,6 +448,7 @@ epilog_budget = 100
                 check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a command as the test user, with this cluster's SLURM_CONF."""
         cmd = ["runuser", "-u", self.spec.user, "--", "env", f"SLURM_CONF={self.conf}",
+               f"PATH={self.env()['PATH']}",
                f"HOME={pwd.getpwnam(self.spec.user).pw_dir}", *argv]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                              cwd=self.work, check=False)

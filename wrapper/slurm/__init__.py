@@ -34,6 +34,9 @@ class SlurmBackend(Protocol):
     def release_now(self, job_id: str, exclude: list[str] | None = None) -> None: ...
 
 
+_warned: list[str] = []
+
+
 def backend(config: SlurmConfig, runner: Runner | None = None) -> SlurmBackend:
     cli = CliBackend(config, runner)
     if config.backend == "cli":
@@ -45,4 +48,10 @@ def backend(config: SlurmConfig, runner: Runner | None = None) -> SlurmBackend:
         return PyslurmBackend(module, config, runner)
     if config.backend == "pyslurm":
         raise SlurmError(f"[slurm] backend = \"pyslurm\" but {why}; set backend = \"cli\"")
+    if "does not match" in why and not _warned:  # built for another Slurm: one line
+        from wrapper import log
+
+        _warned.append(why)
+        log.get().warning("slurm.backend", backend="cli", why=why + "; using Slurm's "
+                          "commands (install the pyslurm release of this Slurm)")
     return cli

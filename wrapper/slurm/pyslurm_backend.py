@@ -11,6 +11,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from wrapper.errors import SlurmError
 from wrapper.slurm.commands import CliBackend
 from wrapper.slurm.parse import check_job_id as _job_id
 from wrapper.slurm.parse import check_node as _node
@@ -38,16 +39,77 @@ def load_matching(slurm_version: Callable[[], str]) -> tuple[ModuleType | None, 
 
 
 class PyslurmBackend(CliBackend):
+    """Reads (job and node records, the batch script) through pyslurm's C API: one RPC
+    each, no process start; writes stay on scontrol. Records come out with the field
+    names ``scontrol show`` prints, so callers cannot tell the backends apart."""
+
     name = "pyslurm"
 
     def __init__(self, module: ModuleType, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pyslurm = module
 
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # pyslurm.RPCError and friends: Slurm said no
+            raise SlurmError(f"pyslurm {what}: {exc}") from None
+
     def job_info(self, job_id: str) -> dict[str, str]:
-        job = self.pyslurm.Job.load(int(_job_id(job_id)))
-        return {k: str(v) for k, v in job.to_dict().items()}
+        job = self._call(f"Job.load({job_id})",
+                         lambda: self.pyslurm.Job.load(int(_job_id(job_id))))
+        return job_fields(job)
+
+    def batch_script(self, job_id: str) -> str:
+        job = int(_job_id(job_id))
+        return str(self._call(f"Job({job_id}).get_batch_script()",
+                              lambda: self.pyslurm.Job(job).get_batch_script()) or "")
 
     def node_info(self, node: str) -> dict[str, str]:
-        record = self.pyslurm.Node.load(_node(node))
-        return {k: str(v) for k, v in record.to_dict().items()}
+        record = self._call(f"Node.load({node})", lambda: self.pyslurm.Node.load(_node(node)))
+        gres = getattr(record, "configured_gres", None) or {}
+        return {"NodeName": _text(record.name), "State": _text(record.state),
+                "Reason": _text(record.reason),
+                "Gres": ",".join(f"{k}:{v}" for k, v in gres.items())
+                if isinstance(gres, dict) else _text(gres),
+                "Partitions": ",".join(record.partitions or [])}
+
+
+def job_fields(job: Any) -> dict[str, str]:
+    """A pyslurm Job as the fields ``scontrol show job`` prints (records.from_json_job)."""
+    from datetime import datetime
+
+    def when(value: Any) -> str:
+        return datetime.fromtimestamp(int(value)).isoformat(timespec="seconds") \
+            if value else "Unknown"
+
+    limit = job.time_limit
+    if limit is None:
+        limit_text = "UNLIMITED"
+    else:
+        days, minutes = divmod(int(limit), 1440)
+        limit_text = f"{days}-{minutes // 60:02d}:{minutes % 60:02d}:00"
+    out = {
+        "JobId": str(job.id), "JobName": _text(job.name),
+        "UserId": f"{_text(job.user_name)}({_text(job.user_id)})",
+        "JobState": _text(job.state), "Reason": _text(job.state_reason, "None"),
+        "Requeue": "1" if job.is_requeueable else "0",
+        "Restarts": _text(job.requeue_count, "0"),
+        "ExitCode": f"{job.exit_code or 0}:{job.exit_code_signal or 0}",
+        "TimeLimit": limit_text, "StartTime": when(job.start_time),
+        "EndTime": when(job.end_time), "SubmitTime": when(job.submit_time),
+        "Partition": _text(job.partition), "NodeList": _text(job.allocated_nodes),
+        "BatchHost": _text(job.batch_host), "ExcNodeList": _text(job.excluded_nodes, "(null)"),
+        "Account": _text(job.account, "(null)"), "Command": _text(job.command),
+        "WorkDir": _text(job.working_directory), "Comment": _text(job.comment),
+        "StdOut": _text(job.standard_output), "StdErr": _text(job.standard_error),
+        "StdIn": _text(job.standard_input),
+    }
+    if job.array_id:
+        out["ArrayJobId"] = str(job.array_id)
+        out["ArrayTaskId"] = _text(job.array_task_id)
+    return out
+
+
+def _text(value: Any, default: str = "") -> str:
+    return default if value is None or value == "" else str(value)

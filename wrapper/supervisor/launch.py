@@ -25,6 +25,7 @@ from wrapper.state import JobState
 
 UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 SUPERVISOR_LOG_MAX = 16 << 20  # bytes; past it one log.capped line, then nothing
+SLURM_ASK_EVERY = 60.0  # seconds: the most a supervisor asks slurmctld at steady state
 
 
 def systemd_unit_available() -> bool:
@@ -93,10 +94,22 @@ def supervise(job_id: str, cfg: Config) -> int:
         return True
 
     unreachable_since: list[float] = []
+    asked: list[float] = []
 
     def job_state() -> str:
+        # The job's end is seen here first: its epilog on this node writes root's
+        # epilog.context. Slurm itself is asked at most once a minute (a job gone
+        # without an epilog: node failure), not at every look: at steady state a
+        # supervisor costs slurmctld one call per minute.
+        if any(e.get("event") == "epilog.context" and e.get("attempt") == attempt
+               and e.get("source") == "root" for e in state.events()):
+            return "COMPLETING"
+        now = time.monotonic()
+        if asked and now - asked[0] < SLURM_ASK_EVERY:
+            return "RUNNING"
+        asked[:] = [now]
         try:
-            state = backend.job_state(job_id)
+            state_now = backend.job_state(job_id)
         except JobwrapError as exc:
             log.get().warning("supervisor.slurm_unreachable", error=str(exc))
             if not unreachable_since:
@@ -105,7 +118,7 @@ def supervise(job_id: str, cfg: Config) -> int:
                 return "UNREACHABLE"  # not RUNNING: the supervisor ends, the epilog decides
             return "RUNNING"  # keep watching; Slurm may be back on the next look
         unreachable_since.clear()
-        return state
+        return state_now
 
     supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,

@@ -1,0 +1,77 @@
+"""Whichever Slurm the tier runs on (JOBWRAP_SLURM_PREFIX: 25.11; unset: Debian's 22.05):
+the backend it gets, and slurmctld's calls per job start, counted by sdiag."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from wrapper import slurm
+from wrapper.config import SlurmConfig
+from wrapper.runner import Runner
+from wrapper.sandbox import flavor
+from wrapper.sandbox.cluster import Cluster
+
+
+def _config(cluster: Cluster, backend: str = "auto") -> SlurmConfig:
+    prefix = cluster.spec.slurm_prefix
+    return SlurmConfig(backend=backend, command_timeout=20,
+                       scontrol_command=flavor.program(prefix, "scontrol"),
+                       squeue_command=flavor.program(prefix, "squeue"))
+
+
+def _rpcs(cluster: Cluster) -> dict[str, int]:
+    res = Runner(cluster.env()).run(["sdiag"], timeout=20)
+    return flavor.rpc_counts(res.stdout)
+
+
+def test_backend_is_pyslurm_exactly_where_it_matches(cluster: Cluster,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    chosen = slurm.backend(_config(cluster), Runner(cluster.env()))
+    if cluster.spec.slurm_prefix:  # the 25.11 tier: tools/bootstrap-slurm25 built pyslurm
+        assert chosen.name == "pyslurm"
+    else:  # Debian's 22.05: no pyslurm release builds against it
+        assert chosen.name == "cli"
+
+
+def test_pyslurm_reads_what_scontrol_reads(cluster: Cluster,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    auto = slurm.backend(_config(cluster), Runner(cluster.env()))
+    cli = slurm.backend(_config(cluster, "cli"), Runner(cluster.env()))
+    script = "#!/bin/bash\n#SBATCH --output=rd-%j.out\n#JOBWRAP --max-restarts=1\necho hi\n"
+    job = cluster.submit(script, "--time=7", name="rd.sh")
+    cluster.wait_job(job, timeout=60)
+    theirs, ours = auto.job_info(job), cli.job_info(job)
+    for key in ("JobId", "JobState", "WorkDir", "StdOut", "TimeLimit", "Partition", "NodeList",
+                "Requeue", "UserId"):
+        assert theirs[key] == ours[key], key
+    assert auto.batch_script(job) == cli.batch_script(job) == script
+    assert "IDLE" in auto.node_info("n1")["State"].upper()
+
+
+def test_job_start_costs_slurmctld_at_most_two_calls(cluster: Cluster) -> None:
+    """A 2-node job with directives: the prologs on both nodes and the supervisor's first
+    look. 25.11 hands the prolog the job (SLURM_JOB_*, job_submit.lua's Extra): no call
+    per node. 22.05 does not: the job record and the script, per node."""
+    script = ("#!/bin/bash\n#SBATCH --output=cnt-%j.out\n#JOBWRAP --checkpoint-dir=ck "
+              "--max-restarts=1\necho started > started-$SLURM_JOB_ID\nsleep 15\n")
+    warm = cluster.submit(script, "-N", "2", name="cnt.sh")  # fills the nodes' gres caches
+    cluster.wait_job(warm, timeout=90)
+    before = _rpcs(cluster)
+    job = cluster.submit(script, "-N", "2", name="cnt.sh")
+    marker = cluster.work / f"started-{job}"
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # no Slurm query of the test's own between the two counts
+    assert marker.exists(), f"job {job} did not start"
+    time.sleep(3)  # the supervisor's first look
+    calls = flavor.rpc_delta(before, _rpcs(cluster))
+    Runner(cluster.env()).run(["scancel", job], timeout=20)
+    total = sum(calls.values())
+    if cluster.spec.slurm_prefix:
+        assert total <= 2, calls
+    else:
+        assert total <= 2 * 2 + 1, calls  # 22.05: job record + script per node, supervisor
