@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from wrapper import jobrecord, log, slurm
+from wrapper import jobrecord, log, outcome_signals, slurm
 from wrapper import state as state_mod
 from wrapper.classify import Classification, Evidence, classify
 from wrapper.config import Config
@@ -173,6 +173,7 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
                         slurm_state=_final_state(info), supervisor_events=supervisor_events,
                         gpu_check_failed=gpu_check_failed, unconfirmed=unconfirmed,
                         output_tail=tail)
+    evidence = outcome_signals.with_signals(evidence, ctx.job_id)  # root's OOM-kill facts
     verdict = classify(evidence)
     checkpoint = _latest_checkpoint(record, user)
     history = [PastAttempt(int(e.get("attempt", 0)), str(e.get("kind")), str(e.get("signature")),
