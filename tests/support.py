@@ -83,3 +83,16 @@ def user_jobwrap() -> Iterator[str]:
         os.chmod(path, 0o755 if path.is_dir() or path == program else 0o644)
     yield str(program)
     shutil.rmtree(base)
+
+
+# The real training frameworks' virtualenv (tools/bootstrap makes it; world-readable, so
+# the sandbox's test user runs it too).
+FRAMEWORKS_VENV = Path("/opt/jobwrap/frameworks")
+
+
+def framework_python() -> str:
+    """The framework venv's python (torch, lightning, transformers, accelerate, safetensors)."""
+    python = FRAMEWORKS_VENV / "bin" / "python"
+    if not os.access(python, os.X_OK):
+        pytest.fail(f"{python} is missing: run tools/bootstrap (it makes the framework venv)")
+    return str(python)

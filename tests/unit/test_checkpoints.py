@@ -40,6 +40,14 @@ def zip_bytes(payload: bytes = b"weights" * 50, comment: bytes = b"",
     return buffer.getvalue()
 
 
+def safetensors_bytes(tensors: int = 2, size: int = 16) -> bytes:
+    """A safetensors file: an 8-byte header length, a JSON header, then the data it maps."""
+    header = {f"t{i}": {"dtype": "F32", "shape": [size // 4],
+                        "data_offsets": [i * size, (i + 1) * size]} for i in range(tensors)}
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + bytes(tensors * size)
+
+
 EMPTY_ZIP = b"PK\x05\x06" + bytes(18)  # what zipfile writes for an archive with no members
 
 
@@ -206,10 +214,11 @@ def test_lightning_same_step_twice_prefers_the_newer_file(tmp_path: Path) -> Non
 
 def test_lightning_directory_checkpoints_need_their_completion_file(tmp_path: Path) -> None:
     # DeepSpeed strategy: last.ckpt/ holds 'latest' naming a tag directory.
-    put_dir(tmp_path / "epoch=0-step=10.ckpt" / "checkpoint", {"mp_rank_00_model_states.pt": b"x"})
+    model_states = {"mp_rank_00_model_states.pt": zip_bytes()}
+    put_dir(tmp_path / "epoch=0-step=10.ckpt" / "checkpoint", model_states)
     put(tmp_path / "epoch=0-step=10.ckpt" / "latest", b"checkpoint\n")
     settle(tmp_path / "epoch=0-step=10.ckpt")
-    put_dir(tmp_path / "epoch=0-step=20.ckpt" / "checkpoint", {"mp_rank_00_model_states.pt": b"x"})
+    put_dir(tmp_path / "epoch=0-step=20.ckpt" / "checkpoint", model_states)
     settle(tmp_path / "epoch=0-step=20.ckpt")
     found = find(tmp_path)
     assert name_of(found) == "epoch=0-step=10.ckpt"
@@ -231,7 +240,7 @@ def test_lightning_symlink_inside_the_directory_is_followed(tmp_path: Path) -> N
 
 # -- Hugging Face Trainer -----------------------------------------------------------------
 def hf_checkpoint(root: Path, step: int, complete: bool = True) -> Path:
-    files = {"model.safetensors": b"w", "optimizer.pt": zip_bytes()}
+    files = {"model.safetensors": safetensors_bytes(), "optimizer.pt": zip_bytes()}
     if complete:
         files["trainer_state.json"] = b'{"global_step": %d}' % step
     return put_dir(root / f"checkpoint-{step}", files)
@@ -332,7 +341,7 @@ def test_deepspeed_fresh_pointer_falls_back_to_the_previous_tag(tmp_path: Path) 
 def test_deepspeed_empty_tag_directory_is_rejected(tmp_path: Path) -> None:
     put_dir(tmp_path / "global_step5", {})
     put(tmp_path / "latest", b"global_step5")
-    assert reasons(find(tmp_path)) == {"global_step5": "empty directory"}
+    assert reasons(find(tmp_path)) == {"global_step5": "no mp_rank_*_model_states.pt in it"}
 
 
 # -- Megatron-LM --------------------------------------------------------------------------
@@ -599,7 +608,7 @@ def test_layout_when_nothing_is_valid_is_the_newest_rejected_ones(tmp_path: Path
 def test_registry_holds_every_layout_once_and_each_meets_the_protocol() -> None:
     layouts = registered()
     assert [layout.name for layout in layouts] == [
-        "deepspeed", "hf", "lightning", "megatron", "dcp", "torch"]
+        "accelerate", "deepspeed", "hf", "lightning", "megatron", "dcp", "torch"]
     assert all(isinstance(layout, Layout) for layout in layouts)
 
 

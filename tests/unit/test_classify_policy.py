@@ -16,7 +16,7 @@ from wrapper.restart.policy import PastAttempt, decide
         (Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",),
                   gpu_check_failed=True), "hardware"),
         # a reported GPU fault root's own check did not confirm is not hardware
-        (Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",)), "user_error"),
+        (Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",)), "killed"),
         (Evidence(exit_code=1, gpu_check_failed=True), "hardware"),
         (Evidence(exit_code=0, exit_signal=9, supervisor_events=("checkpoint", "hang")), "hang"),
         (Evidence(exit_code=0, exit_signal=15, slurm_state="TIMEOUT"), "walltime"),
@@ -25,12 +25,13 @@ from wrapper.restart.policy import PastAttempt, decide
         (Evidence(exit_code=1, output_tail="x\ntorch.OutOfMemoryError: CUDA out of memory. "
                   "Tried to allocate 2.00 GiB\n"), "cuda_oom"),
         (Evidence(exit_code=1, output_tail="[rank3]:[E ProcessGroupNCCL.cpp:563] Watchdog "
-                  "caught collective operation timeout: WorkNCCL(SeqNum=1)\n"), "nccl_timeout"),
+                  "caught collective operation timeout: WorkNCCL(SeqNum=1)\n"),
+         "collective_timeout"),
         (Evidence(exit_code=1, output_tail="NVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has "
                   "fallen off the bus.\n", gpu_check_failed=True), "hardware"),
         (Evidence(exit_code=1, output_tail="NVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has "
                   "fallen off the bus.\n"), "user_error"),
-        (Evidence(exit_code=137, output_tail="step 4\n"), "user_error"),
+        (Evidence(exit_code=137, output_tail="step 4\n"), "killed"),
         (Evidence(exit_code=1, output_tail="Traceback...\nValueError: bad shape (3, 4)\n"),
          "user_error"),
     ],

@@ -5,7 +5,8 @@ Public API::
     latest_valid(directory, *, glob=None, marker=None, settle_seconds=10.0, now=None)
         -> Discovery(latest: Checkpoint | None, skipped: list[Skipped], layout: str | None)
 
-Layouts recognised without configuration (each in ``layouts/``): PyTorch Lightning,
+Layouts recognised without configuration (each in ``layouts/``; the table in
+docs/checkpoints.md): PyTorch Lightning, Accelerate ``save_state``,
 Hugging Face Trainer, DeepSpeed, Megatron-LM, torch.distributed.checkpoint and plain
 ``torch.save`` files; with ``glob`` (and an optional ``marker``) only the generic
 layout is used (its rule: ``layouts/generic.py``).

@@ -29,6 +29,7 @@ from wrapper.checkpoints.records import Checkpoint, Discovery, Skipped
 from wrapper.errors import UserInputError
 
 _RANK = operator.attrgetter("rank")
+NESTED = "checkpoints"  # Accelerate's automatic_checkpoint_naming folder, looked into once
 
 
 def latest_valid(directory: str | os.PathLike[str], *, glob: str | None = None,
@@ -68,6 +69,12 @@ def latest_valid(directory: str | os.PathLike[str], *, glob: str | None = None,
             first_layout = first_layout or candidate.layout.name
             continue
         return Discovery(found, skipped, found.layout)
+    nested = listing.get(NESTED)
+    if first_layout is None and glob is None and nested is not None \
+            and not nested.is_symlink and nested.is_dir(real_root):
+        # Accelerate's project folder: its checkpoints are in checkpoints/checkpoint_N.
+        return latest_valid(os.path.join(root, NESTED), settle_seconds=settle_seconds,
+                            now=ctx.now)
     return Discovery(None, skipped, first_layout)
 
 

@@ -21,7 +21,9 @@ SUCCESS = "success"
 HARDWARE = "hardware"
 NODE_FAILURE = "node_failure"
 HANG = "hang"
-NCCL_TIMEOUT = "nccl_timeout"
+COLLECTIVE_TIMEOUT = "collective_timeout"  # gloo or NCCL: a peer vanished or timed out
+NCCL_TIMEOUT = COLLECTIVE_TIMEOUT  # its name before gloo was recognised too
+KILLED = "killed"  # SIGKILL from outside the job with no OOM kill recorded: retried
 CUDA_OOM = "cuda_oom"
 HOST_OOM = "host_oom"
 WALLTIME = "walltime"
@@ -30,10 +32,10 @@ CANCELLED = "cancelled"
 STAGING = "staging"  # the job's declared data could not be staged: the user's input
 USER_ERROR = "user_error"
 
-RETRYABLE = {HARDWARE, NODE_FAILURE, HANG, NCCL_TIMEOUT, WALLTIME, PREEMPTED, HOST_OOM,
-             USER_ERROR}
+RETRYABLE = {HARDWARE, NODE_FAILURE, HANG, COLLECTIVE_TIMEOUT, WALLTIME, PREEMPTED, HOST_OOM,
+             USER_ERROR, KILLED}
 # Classes that are no fault of the job: they do not count against its progress.
-NOT_THE_JOBS_FAULT = {HARDWARE, NODE_FAILURE, PREEMPTED}
+NOT_THE_JOBS_FAULT = {HARDWARE, NODE_FAILURE, PREEMPTED, KILLED}
 
 # (class, pattern) in order: the first match wins. Patterns are what the tools print.
 SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -41,10 +43,12 @@ SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
                           r"GPU has fallen off the bus|uncorrectable ECC error|"
                           r"CUDA error: (an illegal memory access|unspecified launch failure"
                           r"|uncorrectable ECC)|cudaErrorECCUncorrectable", re.I)),
-    (NCCL_TIMEOUT, re.compile(r"NCCL.*(timeout|timed out|Watchdog caught collective)|"
-                              r"ProcessGroupNCCL.*(Timeout|timed out)|"
-                              r"NCCL error.*(remote process exited|unhandled system error)",
-                              re.I)),
+    (COLLECTIVE_TIMEOUT, re.compile(
+        r"NCCL.*(timeout|timed out|Watchdog caught collective)|"
+        r"ProcessGroupNCCL.*(Timeout|timed out)|"
+        r"NCCL error.*(remote process exited|unhandled system error)|"
+        r"gloo.*(Connection closed by peer|Connection reset by peer|Timed out)|"
+        r"Watchdog caught collective operation timeout", re.I)),
     (CUDA_OOM, re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|"
                           r"cudaErrorMemoryAllocation|RESOURCE_EXHAUSTED: Out of memory",
                           re.I)),
@@ -64,6 +68,9 @@ class Evidence:
     unconfirmed: tuple[str, ...] = ()  # claims from the user's side root did not confirm
     staging_error: str = ""  # why the prolog could not stage the job's data
     output_tail: str = ""
+    # An OOM kill root saw for this job (cgroup memory.events, the kernel log): what and
+    # where, from wrapper.restart.signals; "" when none was recorded.
+    oom_kill: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,11 +109,21 @@ def classify(ev: Evidence) -> Classification:
         return Classification(WALLTIME, "reached its time limit", "walltime")
     if state == "OUT_OF_MEMORY":
         return Classification(HOST_OOM, "Slurm reported OUT_OF_MEMORY", "host_oom")
+    failed = state in ("FAILED", "") and not (ev.exit_code == 0 and not ev.exit_signal)
+    if ev.oom_kill and failed:
+        return Classification(HOST_OOM, f"the kernel's OOM killer ended it ({ev.oom_kill})",
+                              "host_oom")
     if state in ("COMPLETED",) or (ev.exit_code == 0 and not ev.exit_signal and
                                    state not in ("CANCELLED", "FAILED")):
         return Classification(SUCCESS, "exit 0", "")
     if state == "CANCELLED":
         return Classification(CANCELLED, "cancelled (scancel)", "cancelled")
+    killed = _sigkill(ev)
+    if killed:
+        detail = f"{killed}; no OOM kill recorded for the job: ended from outside"
+        if unconfirmed:
+            detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
+        return Classification(KILLED, detail, "killed")
     last = ""
     for kind, pattern in SIGNATURES:
         match = _last_match(pattern, ev.output_tail)
@@ -117,6 +134,13 @@ def classify(ev: Evidence) -> Classification:
                 last = line
                 continue
             return Classification(kind, f"output says: {line}", f"{kind}:{_normalise(line)}")
+    traceback = last_traceback(ev.output_tail)
+    if traceback is not None:
+        exc_type, frame, line = traceback
+        detail = f"{line}" + (f" (at {frame})" if frame else "")
+        if unconfirmed:
+            detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
+        return Classification(USER_ERROR, detail, f"traceback:{exc_type}:{frame}")
     last = last or _last_error_line(ev.output_tail)
     code = ev.exit_code if ev.exit_code is not None else -1
     if 128 < code < 160 and not ev.exit_signal:
@@ -126,6 +150,57 @@ def classify(ev: Evidence) -> Classification:
         detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
     return Classification(USER_ERROR, detail,
                           f"exit:{code}:{ev.exit_signal or 0}:{_normalise(last)}")
+
+
+# srun's word for a task that died of SIGKILL, and a shell's for a command that did.
+_KILLED_LINE = re.compile(r"^(?:srun: error: \S+: tasks? [\d,-]+: Killed|.*\bKilled\s+.*)$"
+                          r"|^Killed$", re.M)
+_RANK_PREFIX = re.compile(r"^\[(?:rank|Rank |default)\d*\]:\s?", re.M)
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (\S+)')
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|"
+                        r"KeyboardInterrupt|StopIteration|[A-Z]\w*))(?::\s?(.*))?$")
+_LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen ")
+
+
+def _sigkill(ev: Evidence) -> str:
+    """How the attempt shows a SIGKILL (exit signal, status 137, srun's line), or ""."""
+    if ev.exit_signal == 9:
+        return "ended by SIGKILL"
+    if ev.exit_code == 137:
+        return "exit 137 (a command killed by SIGKILL)"
+    match = _last_match(_KILLED_LINE, ev.output_tail)
+    return f"output says: {_line_of(ev.output_tail, match)}" if match else ""
+
+
+def last_traceback(text: str) -> tuple[str, str, str] | None:
+    """The last Python traceback in ``text``: (exception type, innermost user frame, line).
+
+    The frame is ``file:function:line`` of the innermost frame outside the libraries
+    (site-packages, the standard library); ``[rankN]:`` prefixes (torch.distributed's)
+    are removed first.
+    """
+    at = text.rfind("Traceback (most recent call last):")
+    if at < 0:
+        return None
+    lines = _RANK_PREFIX.sub("", text[at:]).splitlines()[1:]
+    frames: list[tuple[str, str, str]] = []
+    for line in lines:
+        frame = _FRAME.match(line)
+        if frame:
+            frames.append(frame.groups())  # type: ignore[arg-type]
+            continue
+        if line.startswith((" ", "\t")) or not line.strip():
+            continue
+        exc = _EXCEPTION.match(line.strip())
+        if exc is None:
+            continue
+        user = [f for f in frames if not _LIBRARY.search(f[0])] or frames
+        where = ""
+        if user:
+            path, number, func = user[-1]
+            where = f"{path.rsplit('/', 1)[-1]}:{func}:{number}"
+        return exc.group(1), where, line.strip()[:200]
+    return None
 
 
 def reports_gpu_fault(text: str) -> bool:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from wrapper import log
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
+from wrapper.restart import signals as outcome_signals
 from wrapper.restart.classify import Evidence, reports_gpu_fault
 from wrapper.restart.policy import PastAttempt
 from wrapper.restart.resume import Found
@@ -73,6 +74,7 @@ def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
                         slurm_state=job.final_state, supervisor_events=supervisor_events,
                         gpu_check_failed=gpu_check_failed, unconfirmed=unconfirmed,
                         output_tail=tail)
+    evidence = outcome_signals.with_signals(evidence, ctx.job_id)  # root's OOM-kill facts
     history = [PastAttempt(e.attempt, e.kind, e.signature, e.checkpoint_step,
                            e.checkpoint_path)
                for e in store.history(ctx.attempt, events)]

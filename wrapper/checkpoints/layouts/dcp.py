@@ -1,6 +1,7 @@
 """torch.distributed.checkpoint: a directory of ``*.distcp`` shards, complete with ``.metadata``.
 
-DCP writes ``.metadata`` last, on the coordinator, after every rank's shards. Its
+DCP writes ``.metadata`` last, on the coordinator, after every rank's shards; every
+shard it names must be there and long enough (``dcpmeta``). Its
 directories have no fixed name, so this fallback layout proposes every directory no
 other layout claimed, ordered by the number in its name (``step_100``) or by mtime, and
 looks inside only when it gets there: a directory with neither ``.metadata`` nor a
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from wrapper.checkpoints.dcpmeta import check_dcp_folder
 from wrapper.checkpoints.evidence import marker_mtime
 from wrapper.checkpoints.layout import Candidate, Context, NotACheckpoint, Rejected, register
 from wrapper.checkpoints.listing import Listing
@@ -40,7 +42,7 @@ class DistributedCheckpoint:
                 ctx: Context) -> float:
         marker = marker_mtime(os.path.join(path, MARKER))
         if marker is not None:
-            return max(st.st_mtime, marker)
+            return max(st.st_mtime, marker, check_dcp_folder(path))
         with os.scandir(path) as it:
             if any(e.name.endswith(".distcp") for e in it):
                 raise Rejected(f"missing {MARKER} (torch.distributed.checkpoint writes it last)")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import re
 
-from wrapper.checkpoints.evidence import require_nonempty_dir
 from wrapper.checkpoints.layout import Candidate, Context, Rejected, register
 from wrapper.checkpoints.listing import Entry, Listing
 from wrapper.checkpoints.pointer import around_pointer, read_tag, without_pointer
+from wrapper.checkpoints.tagcheck import check_deepspeed_tag
 
 _TAG = re.compile(r"global_step(\d+)")
 POINTER = "latest"
@@ -43,8 +43,7 @@ class DeepSpeed:
 
     def inspect(self, candidate: Candidate, path: str, st: os.stat_result,
                 ctx: Context) -> float:
-        require_nonempty_dir(path)
-        return st.st_mtime
+        return max(st.st_mtime, check_deepspeed_tag(path))
 
 
 register(DeepSpeed())

@@ -16,9 +16,11 @@ import os
 import re
 import stat
 
+from wrapper.checkpoints.dcpmeta import DCP_MARKER, check_dcp_folder
 from wrapper.checkpoints.evidence import check_zip, marker_mtime, read_pointer
 from wrapper.checkpoints.layout import Candidate, Context, Rejected, register
 from wrapper.checkpoints.listing import Listing
+from wrapper.checkpoints.tagcheck import check_deepspeed_tag
 
 _STEP = re.compile(r"step=(\d+)")
 _EPOCH = re.compile(r"epoch=(\d+)")
@@ -59,9 +61,9 @@ class Lightning:
                 ctx: Context) -> float:
         if not stat.S_ISDIR(st.st_mode):
             return check_zip(path)
-        metadata = marker_mtime(os.path.join(path, ".metadata"))
+        metadata = marker_mtime(os.path.join(path, DCP_MARKER))
         if metadata is not None:
-            return max(st.st_mtime, metadata)
+            return max(st.st_mtime, metadata, check_dcp_folder(path))
         latest = os.path.join(path, "latest")
         if marker_mtime(latest) is None:
             raise Rejected("checkpoint directory without DeepSpeed's 'latest' or a sharded "
@@ -69,7 +71,8 @@ class Lightning:
         tag = read_pointer(latest)
         if "/" in tag or tag in (".", "..") or not os.path.isdir(os.path.join(path, tag)):
             raise Rejected(f"'latest' names tag {tag!r}, which is not a directory in it")
-        return max(st.st_mtime, os.lstat(latest).st_mtime)
+        return max(st.st_mtime, os.lstat(latest).st_mtime,
+                   check_deepspeed_tag(os.path.join(path, tag)))
 
 
 register(Lightning())

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import re
 
-from wrapper.checkpoints.evidence import require_nonempty_dir
+from wrapper.checkpoints.dcpmeta import DCP_MARKER, check_dcp_folder
 from wrapper.checkpoints.layout import Candidate, Context, Rejected, register
 from wrapper.checkpoints.listing import Entry, Listing
 from wrapper.checkpoints.pointer import around_pointer, read_tag, without_pointer
+from wrapper.checkpoints.tagcheck import check_megatron_iteration
 
 _ITER = re.compile(r"iter_(\d+)")
 POINTER = "latest_checkpointed_iteration.txt"
@@ -55,8 +56,9 @@ class Megatron:
 
     def inspect(self, candidate: Candidate, path: str, st: os.stat_result,
                 ctx: Context) -> float:
-        require_nonempty_dir(path)
-        return st.st_mtime
+        if os.path.lexists(os.path.join(path, DCP_MARKER)):  # a torch_dist checkpoint
+            return max(st.st_mtime, check_dcp_folder(path))
+        return max(st.st_mtime, check_megatron_iteration(path))
 
 
 register(Megatron())
