@@ -36,7 +36,9 @@ CASES: dict[str, tuple[int, str, str, str]] = {
     "hardware": (1, "FAILED", "", "gpu_check_failed"),
     "node_failure": (1, "NODE_FAIL", "", ""),
     "hang": (137, "FAILED", "", "hang_fact"),
-    "nccl_timeout": (1, "FAILED", "NCCL watchdog: collective operation timed out\n", ""),
+    "collective_timeout": (1, "FAILED", "NCCL watchdog: collective operation timed out\n",
+                           ""),
+    "killed": (1, "FAILED", "srun: error: n2: task 1: Killed\n", ""),
     "cuda_oom": (1, "FAILED", "torch.OutOfMemoryError: CUDA out of memory\n", ""),
     "host_oom": (1, "OUT_OF_MEMORY", "", ""),
     "walltime": (0, "TIMEOUT", "", ""),
@@ -46,7 +48,7 @@ CASES: dict[str, tuple[int, str, str, str]] = {
     "user_error": (1, "FAILED", "ValueError: bad input\n", ""),
 }
 HISTORIES = ("first", "one_failure_before", "at_limit")
-NOT_COUNTED = {"hardware", "node_failure", "preempted"}
+NOT_COUNTED = {"hardware", "node_failure", "preempted", "killed"}
 NEVER_RETRIED = {"success", "cancelled", "staging", "cuda_oom"}
 
 
