@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -48,6 +49,9 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     state.prepare(ctx.uid, ctx.gid)
     state.append("epilog.context", node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                  context=ctx.as_dict())
+    from wrapper.watch import process as watch
+
+    watch.stop(state, ctx.node)  # this node's fault feed: the job has ended
     gpu_check_failed = False
     gpu_checked = False
     backend = slurm.backend(cfg.slurm)
@@ -174,6 +178,9 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
                         gpu_check_failed=gpu_check_failed, unconfirmed=unconfirmed,
                         output_tail=tail)
     verdict = classify(evidence)
+    from wrapper.watch.decide import with_remote_faults
+
+    verdict, remote = with_remote_faults(verdict, backend, ctx, mine, info)  # other nodes' faults
     checkpoint = _latest_checkpoint(record, user)
     history = [PastAttempt(int(e.get("attempt", 0)), str(e.get("kind")), str(e.get("signature")),
                            e.get("checkpoint_step"), e.get("checkpoint_path"))
@@ -188,7 +195,10 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
                       no_requeue=no_requeue, history=history,
                       checkpoint_step=checkpoint.get("step") if checkpoint else None,
                       checkpoint_path=checkpoint.get("path") if checkpoint else None,
-                      node=ctx.node, no_progress_limit=cfg.restart.no_progress_limit)
+                      node="" if remote else ctx.node,
+                      no_progress_limit=cfg.restart.no_progress_limit)
+    if remote and decision.requeue:  # exclude the faulty nodes, not this healthy one
+        decision = replace(decision, exclude_nodes=sorted(remote))
     _record(state, ctx, verdict, decision, checkpoint, evidence)
     if cfg.metrics.textfile and verdict.kind != "success":
         from wrapper import metrics
