@@ -332,6 +332,7 @@ fake_inventory = "{b}/gpus/{{node}}.toml"
 [supervisor]
 gpu_interval = 2
 settle_seconds = 2
+hang_floor = 40
 
 [metrics]
 textfile = "{b}/jobwrap/metrics/jobwrap.prom"
