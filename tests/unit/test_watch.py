@@ -134,3 +134,36 @@ def test_root_events_of_another_node_make_the_attempt_hardware_and_exclude_it() 
     # really succeeded: another node drained after it (its post-job check) changes nothing
     assert with_remote_faults(ok, no_slurm(), ctx(), events, {"ExitCode": "0:0"}) == (ok, {})
     assert with_remote_faults(killed, no_slurm(), ctx(), [], {}) == (killed, {})
+
+
+def test_stop_ends_only_the_watcher_its_pid_file_names(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import psutil
+
+    from wrapper.state import JobState
+    from wrapper.watch.process import pid_file, stop
+
+    state = JobState(tmp_path, "77")
+    state.prepare(None, None)
+    code = "import time; time.sleep(60)"
+    other = subprocess.Popen([sys.executable, "-c", code, "something-else"])
+    watcher = subprocess.Popen([sys.executable, "-c", code, "wrapper.watch", "77"])
+    try:
+        # a pid file naming another process (pid reuse, or a forged one) ends nothing
+        state.write_json(pid_file("n1"), {"pid": other.pid,
+                                          "started": psutil.Process(other.pid).create_time()})
+        assert stop(state, "n1") is False and other.poll() is None
+        state.write_json(pid_file("n1"), {"pid": watcher.pid, "started": 1.0})  # not its start
+        assert stop(state, "n1") is False and watcher.poll() is None
+        state.write_json(pid_file("n1"), {
+            "pid": watcher.pid, "started": psutil.Process(watcher.pid).create_time()})
+        assert stop(state, "n1") is True
+        watcher.wait(timeout=5)  # ended (psutil reaped it: its status is not ours to see)
+        assert other.poll() is None  # the other process lives on
+        assert stop(state, "n2") is False  # no watcher on that node
+    finally:
+        for proc in (other, watcher):
+            proc.kill()
+            proc.wait()
