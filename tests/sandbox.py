@@ -32,7 +32,7 @@ def make_spec(prefix: str) -> Spec:
         pytest.fail("the end-to-end tests run a real Slurm and need root (CI runs as root); "
                     "run `sudo bash tools/test`", pytrace=False)
     base = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
-    ctld, *nodes = free_ports(3)
+    ctld, *nodes = free_ports(1 + len(Spec().nodes))
     return Spec(base=base, ctld_port=ctld, node_ports=nodes)
 
 

@@ -261,8 +261,15 @@ class SupervisorConfig(Section):
                                  "still runs.", positive=True)
     gpu_interval: float = _opt(10.0, "Seconds between two GPU health readings.",
                                positive=True)
-    hang_timeout: float = _opt(0.0, "Default for --hang-timeout in seconds (0: no hang "
-                               "detection unless the job asks for it).", non_negative=True)
+    hang_timeout: float = _opt(0.0, "Default for --hang-timeout in seconds (0: learned from "
+                               "each job's progress cadence, see hang_k and hang_floor).",
+                               non_negative=True)
+    hang_k: float = _opt(3.0, "Without --hang-timeout a job is hung after max(hang_floor, "
+                         "hang_k x the longest gap seen between two signs of progress: "
+                         "output growth or a new checkpoint).", positive=True)
+    hang_floor: float = _opt(1800.0, "Seconds without progress that are never a hang (and "
+                             "the hang timeout while a job has no history yet).",
+                             positive=True)
     slurm_unreachable: float = _opt(600.0, "Seconds without an answer from Slurm after "
                                      "which the supervisor gives up on its job and exits.",
                                      positive=True)
@@ -272,6 +279,9 @@ class SupervisorConfig(Section):
                                 non_negative=True)
     settle_seconds: float = _opt(10.0, "A checkpoint modified more recently than this is "
                                  "taken as still being written.", non_negative=True)
+    node_watch: bool = _opt(True, "Start a root watcher of the job's GPUs on every "
+                            "allocated node (Xids, NVML health at gpu_interval); on a fault "
+                            "it drains the node and ends the job (wrapper/watch/).")
 
 
 class RestartConfig(Section):

@@ -67,7 +67,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--max-restarts", "int", f"Requeues of this job at most, 0 to {MAX_RESTARTS} "
            "(default: the site's).", MAX_RESTARTS),
     Option("--hang-timeout", "duration", "Declare the job hung after this long with no new "
-           "checkpoint and no output (e.g. 30m, 1h, 90s, 01:30:00; at most 30 days).",
+           "checkpoint and no output (e.g. 30m, 1h, 90s, 01:30:00; at most 30 days), "
+           "or off; not given: learned from the job's own progress cadence.",
            MAX_HANG_TIMEOUT),
     Option("--stage-in", "spec", "SRC[:DEST[:unpack]]: copy SRC to scratch before the job."),
     Option("--stage-out", "spec", "SRC:DEST: copy SRC from scratch to DEST after the job."),
@@ -326,6 +327,8 @@ def _convert(option: Option, value: str, where: str) -> Any:
                                  f"0 to {option.most}, e.g. {name}=3")
         return int(value)
     if option.kind == "duration":
+        if name == "--hang-timeout" and value == "off":
+            return 0.0  # no hang detection for this job (not given: learned, see config)
         try:
             seconds = parse_duration(value)
         except ValueError:

@@ -37,6 +37,11 @@ def test_quoted_values() -> None:
     assert options.checkpoint_dir == "my ckpts"
 
 
+def test_hang_timeout_off() -> None:
+    assert parse_script("#!/bin/sh\n#JOBWRAP --hang-timeout=off\ntrue\n").hang_timeout == 0.0
+    assert parse_script("#!/bin/sh\ntrue\n").hang_timeout is None  # learned
+
+
 def test_no_directives() -> None:
     assert parse_script("#!/bin/bash\necho hi\n") == JobOptions()
 

@@ -30,7 +30,8 @@ def write_ckpt(directory: Path, step: int, mtime: float) -> None:
 
 
 def make(tmp_path: Path, *, hang: float | None = 30, time_limit: float | None = None,
-         asked_signal: bool = False, faults: list[str] | None = None):  # type: ignore[no-untyped-def]
+         asked_signal: bool = False, faults: list[str] | None = None,
+         cfg: SupervisorConfig | None = None):  # type: ignore[no-untyped-def]
     state = JobState(tmp_path / "state", "77")
     state.prepare(None, None)
     (state.path / USER_EVENTS).write_text("")
@@ -55,7 +56,7 @@ def make(tmp_path: Path, *, hang: float | None = 30, time_limit: float | None = 
         calls["signal"].append(sig)
         return True
 
-    sup = Supervisor(record, state, SupervisorConfig(settle_seconds=5), attempt=0,
+    sup = Supervisor(record, state, cfg or SupervisorConfig(settle_seconds=5), attempt=0,
                      job_state=lambda: slurm_state["value"],
                      end_job=end, signal_job=signal,
                      gpu_faults=(lambda: list(faults)) if faults is not None else None,
@@ -105,15 +106,64 @@ def test_hang_ends_the_job_once(tmp_path: Path) -> None:
     assert len(hang) == 1 and hang[0]["idle_s"] >= 30 and hang[0]["source"] == "user"
 
 
-def test_no_hang_timeout_means_no_hang(tmp_path: Path) -> None:
-    sup, state, clock, *_ = make(tmp_path, hang=None)
-    clock.now += 10_000
+def test_hang_timeout_off_means_no_hang(tmp_path: Path) -> None:
+    sup, state, clock, *_ = make(tmp_path, hang=0.0)  # --hang-timeout=off
+    clock.now += 10_000_000
     sup.tick()
     assert "hang" not in events(state)
 
 
+def test_without_hang_timeout_the_floor_holds_until_there_is_history(tmp_path: Path) -> None:
+    cfg = SupervisorConfig(settle_seconds=5, hang_floor=100, hang_k=3)
+    sup, _state, clock, _ckpt, out, calls, _ = make(tmp_path, hang=None, cfg=cfg)
+    sup.tick()
+    clock.now += 99  # a slow start-up (imports, data loading) is not a hang
+    out.write_text("started\n")
+    sup.tick()
+    assert sup.hang_timeout == 100  # the start-up gap is no cadence
+    clock.now += 99
+    sup.tick()
+    assert calls["end"] == []
+    clock.now += 2
+    sup.tick()
+    assert calls["end"] == ["hang"]
+
+
+def test_without_hang_timeout_the_cadence_is_learned(tmp_path: Path) -> None:
+    cfg = SupervisorConfig(settle_seconds=5, hang_floor=30, hang_k=3)
+    sup, state, clock, _ckpt, out, calls, _ = make(tmp_path, hang=None, cfg=cfg)
+    sup.tick()
+    for step, gap in enumerate([5, 5, 20, 5], start=1):  # one slow step (an eval, say)
+        clock.now += gap
+        out.write_text("step\n" * step)
+        sup.tick()
+    assert sup.hang_timeout == 60  # 3 x the longest gap (20 s), above the 30 s floor
+    clock.now += 59
+    sup.tick()
+    assert calls["end"] == []
+    clock.now += 1
+    sup.tick()
+    assert calls["end"] == ["hang"]
+    hang = next(e for e in state.events() if e["event"] == "hang")
+    assert hang["learned"] is True and hang["cadence_s"] == 20 and hang["hang_timeout_s"] == 60
+
+
+def test_a_fast_cadence_never_goes_below_the_floor(tmp_path: Path) -> None:
+    cfg = SupervisorConfig(settle_seconds=5, hang_floor=30, hang_k=3)
+    sup, _state, clock, _ckpt, out, calls, _ = make(tmp_path, hang=None, cfg=cfg)
+    sup.tick()
+    for step in range(1, 5):
+        clock.now += 1
+        out.write_text("s\n" * step)
+        sup.tick()
+    assert sup.hang_timeout == 30
+    clock.now += 29
+    sup.tick()
+    assert calls["end"] == []
+
+
 def test_walltime_signal_before_the_limit(tmp_path: Path) -> None:
-    sup, state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=None, time_limit=3600)
+    sup, state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=0.0, time_limit=3600)
     clock.now += 3000
     sup.tick()
     assert calls["signal"] == []
@@ -125,7 +175,7 @@ def test_walltime_signal_before_the_limit(tmp_path: Path) -> None:
 
 
 def test_no_walltime_signal_when_the_job_asked_for_one(tmp_path: Path) -> None:
-    sup, _state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=None, time_limit=600,
+    sup, _state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=0.0, time_limit=600,
                                                        asked_signal=True)
     clock.now += 590
     sup.tick()
@@ -134,7 +184,7 @@ def test_no_walltime_signal_when_the_job_asked_for_one(tmp_path: Path) -> None:
 
 def test_gpu_fault_ends_the_job(tmp_path: Path) -> None:
     faults: list[str] = []
-    sup, state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=None, faults=faults)
+    sup, state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=0.0, faults=faults)
     sup.tick()
     faults.append("xid 79 on gpu 0")
     clock.now += 11
@@ -171,7 +221,7 @@ def test_run_loop_with_fake_sleep(tmp_path: Path) -> None:
 
 
 def test_walltime_signal_is_retried_until_a_step_gets_it(tmp_path: Path) -> None:
-    sup, state, clock, _ckpt, _out, _calls, _ = make(tmp_path, hang=None, time_limit=60)
+    sup, state, clock, _ckpt, _out, _calls, _ = make(tmp_path, hang=0.0, time_limit=60)
     delivered: list[bool] = [False, False, True]
     tries: list[str] = []
 

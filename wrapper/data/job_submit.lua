@@ -589,6 +589,9 @@ local function convert(option, value, where, previous)
         return tonumber(value)
     end
     if option.kind == "duration" then
+        if name == "--hang-timeout" and value == "off" then
+            return 0 -- no hang detection for this job
+        end
         local seconds = parse_duration(value)
         if seconds == nil then
             return nil, string.format("%s: %s=%s: expected a duration such as 90s, 30m, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -47,6 +48,9 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     state.prepare(ctx.uid, ctx.gid)
     store.record(ev.EpilogContext(node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                                   context=ctx.as_dict()))
+    from wrapper.watch import process as watch
+
+    watch.stop(state, ctx.node)  # this node's fault feed: the job has ended
     gpu_check_failed = False
     gpu_checked = False
     backend = services.slurm
@@ -145,6 +149,12 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
                                gpu_check_failed=gpu_check_failed, gpu_checked=gpu_checked,
                                confirm=services.gpu_confirm if services else None)
     verdict = classify(gathered.evidence)
+    from wrapper.facts import root_events
+    from wrapper.watch.decide import with_remote_faults
+
+    # A fault a watcher found on another node of the job: hardware, that node excluded.
+    verdict, remote = with_remote_faults(verdict, backend, ctx, root_events(state),
+                                         gathered.info)
     options, checkpoint = record.job_options, gathered.checkpoint
     decision = decide(verdict, attempt=ctx.attempt, max_restarts=resume.max_restarts(options, cfg),
                       # sbatch --no-requeue (or a site's job_submit): Slurm would refuse.
@@ -152,7 +162,10 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
                       history=gathered.history,
                       checkpoint_step=checkpoint.step if checkpoint else None,
                       checkpoint_path=checkpoint.path if checkpoint else None,
-                      node=ctx.node, no_progress_limit=cfg.restart.no_progress_limit)
+                      node="" if remote else ctx.node,
+                      no_progress_limit=cfg.restart.no_progress_limit)
+    if remote and decision.requeue:  # exclude the faulty nodes, not this healthy one
+        decision = replace(decision, exclude_nodes=sorted(remote))
     apply.record(store, ctx, verdict, decision, gathered)
     if cfg.metrics.textfile and verdict.kind != "success":
         from wrapper import metrics

@@ -80,5 +80,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
 
         how = start(ctx.job_id, cfg)
         store.record(ev.SupervisorStarted(attempt=ctx.attempt, node=ctx.node, how=how))
+    from wrapper.watch import process as watch
+
+    watch.start(ctx, cfg, state)  # this node's root fault feed (wrapper/watch/)
     logger.info("prolog.done", gpus=ctx.gpus)
     return EXIT_OK

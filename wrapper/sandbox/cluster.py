@@ -1,4 +1,4 @@
-"""A real Slurm cluster on one machine: slurmctld and two slurmd, each node with 4 fake GPUs.
+"""A real Slurm cluster on one machine: slurmctld and three slurmd, each node with 4 fake GPUs.
 
 It backs the end-to-end tests and ``jobwrap sandbox``. As root on Debian it installs
 Slurm and munge from Debian's packages when they are missing, writes a whole cluster
@@ -54,10 +54,10 @@ class Spec:
     """What the cluster looks like; written to the record so ``down`` can find it again."""
 
     base: str = str(DEFAULT_BASE)
-    nodes: list[str] = field(default_factory=lambda: ["n1", "n2"])
+    nodes: list[str] = field(default_factory=lambda: ["n1", "n2", "n3"])
     gpus_per_node: int = 4
     ctld_port: int = 16817
-    node_ports: list[int] = field(default_factory=lambda: [17001, 17002])
+    node_ports: list[int] = field(default_factory=lambda: [17001, 17002, 17003])
     user: str = "jwtest"
     cpus_per_node: int = 2
     # "" Debian's Slurm; else a built one's prefix (flavor.PREFIX_VARIABLE)
@@ -339,6 +339,7 @@ fake_inventory = "{b}/gpus/{{node}}.toml"
 [supervisor]
 gpu_interval = 2
 settle_seconds = 2
+hang_floor = 40
 
 [metrics]
 textfile = "{b}/jobwrap/metrics/jobwrap.prom"

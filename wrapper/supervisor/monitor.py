@@ -4,7 +4,9 @@ It runs with the job user's rights (it reads the user's checkpoints and output, 
 may end the user's job, nothing more) and records what it sees as events in the job's
 user-writable event file (for ``jobwrap status``; there they are only claims): new
 checkpoints and their steps (progress), a hang (no new checkpoint and no output for the
-hang timeout: it ends the job so that it can be requeued), GPU faults on the job's GPUs
+hang timeout, fixed by ``--hang-timeout`` or learned from the job's
+own cadence: max(hang_floor, hang_k x the longest gap between two signs of progress);
+it ends the job so that it can be requeued), GPU faults on the job's GPUs
 (it ends the job; the root epilog drains the node after its own check), and the
 walltime (it sends the job's steps a checkpoint signal before the limit when the job
 did not ask for one). Each tick costs a few ``stat`` calls and one directory listing;
@@ -38,6 +40,8 @@ class Seen:
     output_size: int = -1
     last_progress: float = 0.0
     signalled: bool = False
+    progress_count: int = 0  # signs of progress seen (output growth, new checkpoints)
+    longest_gap: float = 0.0  # the longest time between two of them: the job's cadence
     ended_by_us: str = ""
     faults: set[str] = field(default_factory=set)
 
@@ -62,7 +66,10 @@ class Supervisor:
         self.facts = facts
         self.clock = clock
         options = record.job_options
-        self.hang_timeout = options.hang_timeout or cfg.hang_timeout
+        # --hang-timeout=off is 0; not given: the site's fixed default, else learned
+        fixed = options.hang_timeout if options.hang_timeout is not None else \
+            (cfg.hang_timeout or None)
+        self.fixed_hang_timeout = fixed
         self.seen = Seen(last_progress=clock())
         self._next_slurm = 0.0
         self._next_gpu = 0.0
@@ -84,10 +91,12 @@ class Supervisor:
         now = self.clock()
         self._look_at_checkpoints(now)
         self._look_at_output(now)
-        if self.hang_timeout and not self.seen.ended_by_us and \
-                now - self.seen.last_progress >= self.hang_timeout:
+        limit = self.hang_timeout
+        if limit and not self.seen.ended_by_us and now - self.seen.last_progress >= limit:
             idle = now - self.seen.last_progress
-            self.event("hang", idle_s=round(idle, 1), hang_timeout_s=self.hang_timeout,
+            self.event("hang", idle_s=round(idle, 1), hang_timeout_s=round(limit, 1),
+                       learned=self.fixed_hang_timeout is None,
+                       cadence_s=round(self.seen.longest_gap, 1),
                        last_checkpoint=self.seen.checkpoint)
             self._end("hang")
         if self.gpu_faults is not None and now >= self._next_gpu:
@@ -107,6 +116,19 @@ class Supervisor:
                 self.event("supervisor.end", job_state=current or "gone",
                            last_checkpoint=self.seen.checkpoint, step=self.seen.step)
                 self.finished = True
+
+    @property
+    def hang_timeout(self) -> float:
+        """Seconds without progress that make a hang now (0: hang detection is off)."""
+        if self.fixed_hang_timeout is not None:
+            return self.fixed_hang_timeout
+        return max(self.cfg.hang_floor, self.cfg.hang_k * self.seen.longest_gap)
+
+    def _progress(self, now: float) -> None:
+        if self.seen.progress_count:  # the gap before the first one is the job's start-up
+            self.seen.longest_gap = max(self.seen.longest_gap, now - self.seen.last_progress)
+        self.seen.progress_count += 1
+        self.seen.last_progress = now
 
     def run(self, sleep: Callable[[float], None] = time.sleep) -> None:
         self.event("supervisor.start", pid=os.getpid(), hang_timeout_s=self.hang_timeout,
@@ -135,7 +157,7 @@ class Supervisor:
                              settle_seconds=self.cfg.settle_seconds, now=now).latest
         if found is not None and found.path != self.seen.checkpoint:
             self.seen.checkpoint, self.seen.step = found.path, found.step
-            self.seen.last_progress = now
+            self._progress(now)
             self.event("checkpoint", path=found.path, step=found.step, layout=found.layout)
 
     def _look_at_output(self, now: float) -> None:
@@ -147,7 +169,7 @@ class Supervisor:
                 continue
         if size != self.seen.output_size:
             if self.seen.output_size >= 0:
-                self.seen.last_progress = now
+                self._progress(now)
             self.seen.output_size = size
 
     def _walltime(self, now: float) -> None:

@@ -1,0 +1,83 @@
+"""Mid-run faults on any node of a multi-node job: the node's root watcher sees them.
+
+A real 2-node job runs the toy training loop as the test user; an Xid is written into
+n2's fake GPU inventory while it runs. n2's watcher (root, started by n2's prolog) must
+end the job within 2 x gpu_interval, n2 must be drained with the Xid in its reason, and
+the first node's decision must class the attempt ``hardware``, exclude n2 and requeue:
+the job resumes on the two healthy nodes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import wrapper.sandbox
+from wrapper import config
+from wrapper.runner import Runner
+from wrapper.sandbox.cluster import Cluster
+from wrapper.slurm.parse import expand_hostlist
+from wrapper.state import JobState
+
+STEPS = 30
+EXPECTED = STEPS * (STEPS + 1) // 2
+PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+
+
+def scontrol(cluster: Cluster, *args: str) -> str:
+    return Runner(cluster.env()).run(["scontrol", *args], timeout=20).stdout
+
+
+def test_xid_on_second_node_ends_the_job_drains_it_and_resumes_elsewhere(
+        cluster: Cluster) -> None:
+    cluster.write_user_file("train.py", PAYLOAD.read_text())
+    shutil.rmtree(cluster.work / "ckpt-xid", ignore_errors=True)
+    interval = config.load(str(cluster.jobwrap_config)).supervisor.gpu_interval
+    job_id = cluster.submit(f"""#!/bin/bash
+#SBATCH --nodes=2 --gres=gpu:1 --output=xid-%j.out --open-mode=append
+#JOBWRAP --checkpoint-dir=ckpt-xid --max-restarts=3
+python3 train.py {STEPS} 0.5
+""", name="xid.sh")
+    try:
+        cluster.wait_job(job_id, states={"RUNNING"}, timeout=60)
+        first = cluster.job(job_id)
+        assert expand_hostlist(first["NodeList"]) == ["n1", "n2"], first
+        deadline = time.monotonic() + 60
+        while not list((cluster.work / "ckpt-xid").glob("epoch=0-step=3.ckpt")):
+            assert time.monotonic() < deadline, "the job made no checkpoint"
+            time.sleep(0.2)
+        written = time.monotonic()
+        cluster.set_gpu_faults("n2", {m: {"xid_events": (79,)} for m in range(4)})
+        while cluster.job(job_id).get("JobState") == "RUNNING" and \
+                time.monotonic() - written < 60:
+            time.sleep(0.1)
+        ended_after = time.monotonic() - written
+        assert ended_after <= 2 * interval, (ended_after, interval)
+
+        info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "CANCELLED"},
+                                timeout=150)
+        output = (cluster.work / f"xid-{job_id}.out").read_text()
+        assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
+        assert f"done sum {EXPECTED}" in output, output
+        assert "attempt=1 resume=" in output and "start=0" not in output.split(
+            "attempt=1")[1], output
+        assert expand_hostlist(info["NodeList"]) == ["n1", "n3"], info
+        node = scontrol(cluster, "-o", "show", "node", "n2")
+        assert "DRAIN" in node and "Reason=jobwrap: xid gpu0" in node and "79" in node, node
+        events = JobState(cluster.state_dir, job_id).events()
+        ends = [(e["attempt"], e["kind"], e["decision"], e["exclude"]) for e in events
+                if e["event"] == "attempt.end" and e["source"] == "root"]
+        assert ends == [(0, "hardware", "requeue", ["n2"]), (1, "success", "done", [])], ends
+        faults = [e for e in events if e["event"] == "watch.fault" and e["source"] == "root"]
+        assert [(f["node"], f["attempt"]) for f in faults] == [("n2", 0)], faults
+        assert "jobwrap: attempt 0 ended: hardware" in output, output
+    finally:
+        cluster.set_gpu_faults("n2")
+        scontrol(cluster, "update", "NodeName=n2", "State=RESUME")
+        Runner(cluster.env()).run(["scancel", job_id], timeout=20, check=False)
+    # every watcher of the job has ended (the epilogs stopped them)
+    deadline = time.monotonic() + 15
+    while [p for p in cluster.runtime_processes() if "wrapper.watch" in p.cmdline()]:
+        assert time.monotonic() < deadline, "a watcher outlived its job"
+        time.sleep(0.3)

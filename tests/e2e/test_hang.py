@@ -1,0 +1,80 @@
+"""Hang detection with no --hang-timeout, on a real 2-rank gloo DDP job (torch, CPU).
+
+Rank 1 stops before its all-reduce at step 4 of the first attempt while rank 0 waits
+inside it: no output, no checkpoint. The supervisor, which learned the job's cadence,
+must declare the hang (max(hang_floor, hang_k x cadence)), end the job, and the epilog
+must requeue it; the second attempt resumes from rank 0's checkpoint and finishes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from wrapper.sandbox.cluster import Cluster
+from wrapper.state import JobState
+
+TORCH = Path("/opt/jobwrap/frameworks/bin/python")
+STEPS = 8
+TRAIN = '''
+import json, os, sys, time, zipfile
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def main(rank, steps, ckdir):
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"],
+                            rank=rank, world_size=2)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    start, total = 0, 0
+    resume = os.environ.get("JOBWRAP_RESUME_FROM")
+    if resume:
+        with zipfile.ZipFile(resume) as z:
+            saved = json.loads(z.read("state.json"))
+        start, total = saved["step"], saved["sum"]
+    attempt = os.environ.get("JOBWRAP_ATTEMPT")
+    if rank == 0:
+        print(f"attempt={attempt} resume={resume} start={start}", flush=True)
+    for step in range(start + 1, steps + 1):
+        if rank == 1 and step == 4 and attempt == "0":
+            time.sleep(100000)  # rank 1 is stuck; rank 0 waits in the all-reduce
+        t = torch.tensor([float(step)])
+        dist.all_reduce(t)
+        total += int(t.item()) // 2
+        if rank == 0:
+            tmp = os.path.join(ckdir, f".s{step}.tmp")
+            with zipfile.ZipFile(tmp, "w") as z:
+                z.writestr("state.json", json.dumps({"step": step, "sum": total}))
+            os.replace(tmp, os.path.join(ckdir, f"epoch=0-step={step}.ckpt"))
+            print(f"step {step} sum {total}", flush=True)
+        time.sleep(0.5)
+    if rank == 0:
+        print(f"done sum {total}", flush=True)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    ckdir = os.environ["JOBWRAP_CHECKPOINT_DIR"]
+    os.makedirs(ckdir, exist_ok=True)
+    mp.spawn(main, args=(int(sys.argv[1]), ckdir), nprocs=2)
+'''
+
+
+def test_a_rank_stuck_in_a_collective_is_a_hang_without_hang_timeout(cluster: Cluster) -> None:
+    assert TORCH.exists(), f"{TORCH} is missing: tools/bootstrap makes the framework venv"
+    cluster.write_user_file("ddp_train.py", TRAIN)
+    shutil.rmtree(cluster.work / "ckpt-ddp", ignore_errors=True)
+    job_id = cluster.submit(f"""#!/bin/bash
+#SBATCH --output=ddp-%j.out --open-mode=append
+#JOBWRAP --checkpoint-dir=ckpt-ddp --max-restarts=2
+export PORT=$((20000 + SLURM_JOB_ID % 20000))
+{TORCH} ddp_train.py {STEPS}
+""", name="ddp.sh")
+    info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    output = (cluster.work / f"ddp-{job_id}.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
+    assert f"done sum {STEPS * (STEPS + 1) // 2}" in output, output
+    assert "start=3" in output, output  # resumed from step 3's checkpoint
+    events = JobState(cluster.state_dir, job_id).events()
+    hang = [e for e in events if e["event"] == "hang"]
+    assert len(hang) == 1 and hang[0]["learned"] is True, hang
+    ends = [(e["attempt"], e["kind"], e["decision"]) for e in events
+            if e["event"] == "attempt.end" and e["source"] == "root"]
+    assert ends == [(0, "hang", "requeue"), (1, "success", "done")], ends

@@ -1,0 +1,161 @@
+"""Start, stop and run a node's watcher process (``python -I -m wrapper.watch``).
+
+The prolog starts it detached (``wrapper.detach``: new session, ``/``, no inherited
+descriptors); it writes ``watch-<node>.json`` (its pid and start time) into the job's
+root-owned state folder; the epilog of the node stops it by that pid, after checking that
+the process is still the same watcher (start time and command line), never by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from collections.abc import Sequence
+
+from wrapper import log
+from wrapper.config import Config
+from wrapper.errors import JobwrapError
+from wrapper.slurm.context import JobContext
+from wrapper.state import JobState
+from wrapper.watch.feed import Fault, Watcher
+
+# Checks whose failure during a run means the GPU under the job is faulty now (the others,
+# such as memory in use, are expected while a job runs). The supervisor's set.
+FAULT_CHECKS = frozenset({"probe", "xid", "ecc", "row_remap", "retired_pages", "nvlink"})
+MODULE = "wrapper.watch"
+
+
+def pid_file(node: str) -> str:
+    return f"watch-{node}.json"
+
+
+def start(ctx: JobContext, cfg: Config, state: JobState) -> str | None:
+    """Start the watcher of this node (prolog, root); returns how, None when not started."""
+    if not cfg.supervisor.node_watch or not ctx.gpus or os.geteuid() != 0:
+        return None
+    import sys
+
+    from wrapper import detach
+
+    argv = [sys.executable, "-I", "-m", MODULE, ctx.job_id, "--node", ctx.node,
+            "--attempt", str(ctx.attempt), "--gpus", ",".join(map(str, ctx.gpus))]
+    pid = detach.spawn(argv, detach.hook_env(cfg.source))
+    state.append("watch.started", attempt=ctx.attempt, node=ctx.node, pid=pid)
+    return f"detached:{pid}"
+
+
+def stop(state: JobState, node: str) -> bool:
+    """Stop this node's watcher of the job (epilog, root); True when one was stopped."""
+    import psutil
+
+    record = state.read_json(pid_file(node))
+    if not record:
+        return False
+    try:
+        pid, started = int(record["pid"]), float(record["started"])
+        proc = psutil.Process(pid)
+        same = abs(proc.create_time() - started) < 0.01 and MODULE in proc.cmdline() \
+            and state.job_id in proc.cmdline()
+        if not same:
+            return False
+        proc.terminate()
+        proc.wait(timeout=5)
+    except (KeyError, TypeError, ValueError, psutil.Error):
+        return False
+    return True
+
+
+def read_faults(cfg: Config, node: str, gpus: Sequence[int]) -> list[Fault]:
+    """Faults on ``gpus`` now, through the probe seam and the prolog's checks."""
+    from wrapper.gpu.probe import open_probe
+    from wrapper.gpu.report import run_checks
+    from wrapper.slurm.commands import drain_reason
+
+    try:
+        probe = open_probe(cfg.gpu, node)
+        try:
+            report = run_checks(cfg, probe, phase="prolog", allocated=list(gpus),
+                                configured_gres=None, env={}, target="gpu")
+        finally:
+            probe.close()
+    except JobwrapError as exc:  # the probe, not the GPU: jobwrap's problem, keep watching
+        log.get().warning("watch.gpu_unreadable", error=str(exc))
+        return []
+    out = []
+    for r in report.failures:
+        if r.check not in FAULT_CHECKS:
+            continue
+        where = f" gpu{r.gpu_index}" if r.gpu_index is not None else ""
+        if where and r.gpu_uuid:
+            where += f"({r.gpu_uuid[:12]})"
+        out.append(Fault(r.check, r.gpu_index,
+                         drain_reason(f"jobwrap: {r.check}{where}: {r.reason}")))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wrapper.watch")
+    parser.add_argument("job_id")
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--attempt", type=int, required=True)
+    parser.add_argument("--gpus", required=True)
+    args = parser.parse_args(argv)
+    import time
+
+    import psutil
+
+    from wrapper import config, slurm
+    from wrapper import state as state_mod
+
+    os.chdir("/")
+    cfg = config.load(None)
+    log.configure(file=cfg.log.file, level=cfg.log.level, stderr_format="logfmt")
+    log.bind(hook="watch", job_id=args.job_id, node=args.node, attempt=args.attempt)
+    gpus = [int(g) for g in args.gpus.split(",") if g]
+    state = state_mod.for_job(cfg, args.job_id)
+    state.write_json(pid_file(args.node), {
+        "pid": os.getpid(), "started": psutil.Process().create_time(),
+        "attempt": args.attempt})
+    backend = slurm.backend(cfg.slurm)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+
+    def job_state() -> str | None:
+        try:
+            return backend.job_state(args.job_id)
+        except JobwrapError as exc:
+            log.get().warning("watch.slurm_unreachable", error=str(exc))
+            return None
+
+    def superseded() -> bool:
+        return any(e.get("event") == "prolog.context" and e.get("source") == "root"
+                   and e.get("node") == args.node and int(e.get("attempt", 0)) > args.attempt
+                   for e in state.events())
+
+    def on_fault(faults: list[Fault]) -> None:
+        reason = faults[0].reason
+        state.append("watch.fault", attempt=args.attempt, node=args.node,
+                     faults=[f.reason for f in faults], reason=reason)
+        log.get().error("watch.fault", reason=reason, faults=len(faults))
+        try:  # first: the first node's decision learns of it from Slurm
+            backend.drain_node(args.node, reason)
+        except JobwrapError as exc:
+            log.get().error("watch.drain_failed", error=str(exc))
+        try:
+            backend.signal_job(args.job_id, "KILL", full=True)
+            state.append("watch.ended_job", attempt=args.attempt, node=args.node,
+                         reason=reason)
+        except JobwrapError as exc:
+            log.get().error("watch.end_failed", error=str(exc))
+
+    sup = cfg.supervisor
+    watcher = Watcher(job_id=args.job_id, node=args.node, attempt=args.attempt,
+                      interval=sup.gpu_interval, slurm_interval=sup.slurm_interval,
+                      slurm_unreachable=sup.slurm_unreachable,
+                      read_faults=lambda: read_faults(cfg, args.node, gpus),
+                      job_state=job_state, superseded=superseded, on_fault=on_fault,
+                      clock=time.monotonic)
+    watcher.run(sleep=done.wait, stopped=done.is_set)
+    return 0

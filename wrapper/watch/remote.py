@@ -1,0 +1,40 @@
+"""What the job's first node learns of faults on its other nodes, from root's sources only.
+
+A node's watcher drains its node with the fault's reason before it ends the job, so by the
+time the first node's epilog decides, Slurm already shows it: a node of this job that is
+drained (or draining) with a ``jobwrap:`` reason. Root's own ``watch.fault`` events (in a
+state folder the nodes share) say the same where they are visible. The job's user can
+neither set a node's state in Slurm nor write root's events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from wrapper import log
+from wrapper.errors import JobwrapError
+from wrapper.slurm import SlurmBackend
+
+
+def faults_elsewhere(backend: SlurmBackend, nodes: Sequence[str], here: str, attempt: int,
+                     root_events: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """``{node: drain reason}`` for the job's other nodes a fault ended this attempt on."""
+    found: dict[str, str] = {}
+    for e in root_events:
+        node = str(e.get("node", ""))
+        if e.get("event") == "watch.fault" and e.get("attempt") == attempt and node != here \
+                and node in nodes:
+            found[node] = str(e.get("reason", "a GPU fault"))
+    for node in nodes:
+        if node == here or node in found:
+            continue
+        try:
+            info = backend.node_info(node)
+        except JobwrapError as exc:
+            log.get().warning("watch.node_unreadable", node=node, error=str(exc))
+            continue
+        reason = info.get("Reason", "")
+        if "DRAIN" in info.get("State", "").upper() and reason.startswith("jobwrap:"):
+            found[node] = reason.split(" [", 1)[0]  # Slurm appends " [user@time]"
+    return found
