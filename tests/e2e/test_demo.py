@@ -8,13 +8,35 @@ first run.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+from pathlib import Path
+
 import psutil
 
+from tests.support import framework_python
+from wrapper.sandbox import demo
 from wrapper.sandbox.cluster import Cluster
 from wrapper.sandbox.demo import PARTS, run_demo
 
 
-def test_the_demo_tells_each_part(cluster: Cluster) -> None:
+def uninterrupted_weights(tmp_path: Path) -> str:
+    """The final weights' hash of the demo's Lightning job run straight through, here."""
+    env = {**os.environ, "JOBWRAP_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+           "PYTHONWARNINGS": "ignore"}
+    env.pop("JOBWRAP_RESUME_FROM", None)
+    env.pop("KILL_AT", None)
+    done = subprocess.run([framework_python(), str(Path(demo.__file__).parent /
+                                                   "lightning_train.py"), "8"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                          check=True)
+    found = re.search(r"^done epochs=8 weights=(\w+)$", done.stdout, re.M)
+    assert found, done.stdout + done.stderr
+    return found.group(1)
+
+
+def test_the_demo_tells_each_part(cluster: Cluster, tmp_path: Path) -> None:
     cluster.wait_idle(timeout=60)
     lines: list[str] = []
     shown = run_demo(cluster, lines.append)
@@ -36,11 +58,15 @@ def test_the_demo_tells_each_part(cluster: Cluster) -> None:
     assert first["files"] == second["files"] == 201, shown["staging"]
     assert first["cache_hits"] == 0 and second["cache_hits"] >= 1, shown["staging"]
 
-    # 3. killed at step 4, resumed from step 4's checkpoint, no step lost or repeated
+    # 3. a real Lightning job killed as epoch 4 starts, resumed from epoch 3's checkpoint
+    # (step=4), ending with the weights of an uninterrupted run
     train = shown["resume"]
     assert train["job_state"] == "COMPLETED", train
-    assert "crashing: kill" in train["output"] and "start=4" in train["output"]
-    assert train["output"].rstrip().endswith("done sum 36"), train["output"]
+    out = train["output"]
+    assert "attempt 0: SIGKILL at the start of epoch 4" in out, out
+    assert "attempt=1 resume_from=" in out and "epoch=3-step=4.ckpt" in out, out
+    assert "attempt=1 epoch=4 " in out and "attempt=1 epoch=3 " not in out, out
+    assert out.rstrip().endswith(f"done epochs=8 weights={uninterrupted_weights(tmp_path)}"), out
     assert "2 attempts" in train["status"] and "decision     requeue" in train["status"]
 
     # 4. the archive lists the job and shows its manifest

@@ -2,7 +2,7 @@
 
 1. a bad GPU: its node drained with jobwrap's precise reason, the job runs on the other;
 2. staging: a dataset copied to the job's scratch, and a second job served by the cache;
-3. a training job killed mid-run, resumed from its checkpoint; ``jobwrap status``;
+3. a PyTorch Lightning job killed mid-run, resumed from its checkpoint; ``jobwrap status``;
 4. the archive: ``jobwrap archive list`` and ``archive show`` (the manifest);
 5. the login guard, dry run, flagging a ``torchrun`` started on the "login node";
 6. ``jobwrap doctor`` on the sandbox.
@@ -45,14 +45,18 @@ STAGE_JOB = """#!/bin/bash
 echo "scratch $JOBWRAP_SCRATCH holds $(find "$JOBWRAP_SCRATCH/data" -type f | wc -l) files"
 """
 
+# The framework virtualenv tools/bootstrap makes (torch 2.13 CPU, Lightning, transformers...).
+FRAMEWORKS = Path(os.environ.get("JOBWRAP_FRAMEWORKS", "/opt/jobwrap/frameworks"))
+
 TRAIN_JOB = """#!/bin/bash
 #SBATCH --job-name=demo-train
 #SBATCH --gres=gpu:1
 #SBATCH --output=train-%j.out
 #SBATCH --open-mode=append
 #JOBWRAP --checkpoint-dir=ckpt-demo --max-restarts=2
-# a toy training loop: 8 steps, a checkpoint per step; the first attempt is killed at step 4
-CRASH_AT=4 CRASH_HOW=kill python3 toy_train.py 8 0.3
+# PyTorch Lightning, 8 epochs, a ModelCheckpoint after each; attempt 0 is SIGKILLed at epoch 4
+export PYTHONWARNINGS=ignore
+KILL_AT=4 {python} lightning_train.py 8
 """
 
 MAKE_DATASET = """import os, shutil, sys
@@ -165,17 +169,24 @@ def staging(cluster: Cluster, echo: Echo) -> dict[str, Any]:
 
 # -- part 3 --------------------------------------------------------------------------------
 def resume(cluster: Cluster, echo: Echo) -> dict[str, Any]:
-    header(echo, 3, "a training job killed mid-run, resumed from its checkpoint")
-    echo("(the trainer is jobwrap's toy loop, no framework: same checkpoint contract)")
+    header(echo, 3, "a PyTorch Lightning job killed mid-run, resumed from its checkpoint")
+    python = FRAMEWORKS / "bin" / "python"
+    if not os.access(python, os.X_OK):
+        raise SandboxError(f"{python} is missing: run tools/bootstrap (it makes the framework "
+                           "virtualenv the training part runs in)")
     shutil.rmtree(cluster.work / "ckpt-demo", ignore_errors=True)
-    cluster.write_user_file("toy_train.py", (Path(__file__).parent / "toy_train.py").read_text())
-    job_id = cluster.submit(TRAIN_JOB, name="train.sh")
-    echo(f"job {job_id}: 8 steps, a checkpoint each; the first attempt is SIGKILLed at step 4")
-    info = wait_job(cluster, echo, job_id, timeout=150)
+    cluster.write_user_file("lightning_train.py",
+                            (Path(__file__).parent / "lightning_train.py").read_text())
+    job_id = cluster.submit(TRAIN_JOB.format(python=python), name="train.sh")
+    echo(f"job {job_id}: Lightning Trainer, 8 epochs, a checkpoint each; the first attempt "
+         "is SIGKILLed as epoch 4 starts")
+    info = wait_job(cluster, echo, job_id, timeout=240)
     out = read(cluster.work / f"train-{job_id}.out")
     echo(f"job {job_id} {info.get('JobState')} after {info.get('Restarts')} requeue(s); "
-         "its output:")
-    echo(indent(out))
+         "its output (the resumed attempt continues at epoch 4; the weights' hash equals an "
+         "uninterrupted run's):")
+    echo(indent("\n".join(line for line in out.splitlines() if "loss=" not in line
+                          or "epoch=3 " in line or "epoch=4 " in line)))
     status = jobwrap(cluster, "status", job_id)
     echo(f"\n$ jobwrap status {job_id}")
     echo(indent(status.stdout.rstrip() or status.stderr.rstrip()))
