@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.bench import ckpt_latest, guard, prolog_overhead, restart, staging, submit_lua
+from tests.bench import ckpt_latest, guard, job_start, prolog_overhead, restart, staging, submit_lua
 
 BENCHMARKS = {
     "prolog-overhead": prolog_overhead.main,
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "stage-small": staging.small_main,
     "stage-cached": staging.cached_main,
     "submit-lua": submit_lua.main,
+    "job-start": job_start.main,
 }
 
 

@@ -62,7 +62,10 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     record, script = gathered()
     remember_scontrol(cfg, backend)
     state.write_json(RECORD, record.as_dict())
-    store.save_script(script)  # the epilog's archive reads it: Slurm is asked once
+    from wrapper.slurm.context import known_script
+
+    if known_script(ctx) is None:  # Extra's directive lines (the user's) are no script
+        store.save_script(script)  # the epilog's archive reads it: Slurm is asked once
     if record.options_error:
         # The user's mistake: say so where they look, never hold the node responsible.
         logger.warning("prolog.bad_directives", error=record.options_error)

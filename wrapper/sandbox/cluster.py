@@ -141,7 +141,8 @@ class Cluster:
             log(f"starting slurmctld and slurmd {', '.join(self.spec.nodes)} ...")
             self._start_daemons()
             log("waiting for the nodes to register idle ...")
-            self.wait_idle()
+            # many slurmd on one host register one after another: a few seconds each
+            self.wait_idle(timeout=max(60.0, 3.0 * len(self.spec.nodes)))
         except BaseException:
             self.down()
             raise

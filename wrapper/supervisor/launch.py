@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wrapper import log
 from wrapper import state as state_mod
@@ -22,6 +23,9 @@ from wrapper.job.paths import SUPERVISOR_LOG
 from wrapper.jobrecord import JobRecord
 from wrapper.runner import Runner
 from wrapper.state import JobState
+
+if TYPE_CHECKING:
+    from wrapper.slurm import SlurmBackend
 
 UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 SUPERVISOR_LOG_MAX = 16 << 20  # bytes; past it one log.capped line, then nothing
@@ -93,39 +97,56 @@ def supervise(job_id: str, cfg: Config) -> int:
             return False
         return True
 
-    unreachable_since: list[float] = []
-    asked: list[float] = []
-
-    def job_state() -> str:
-        # The job's end is seen here first: its epilog on this node writes root's
-        # epilog.context. Slurm itself is asked at most once a minute (a job gone
-        # without an epilog: node failure), not at every look: at steady state a
-        # supervisor costs slurmctld one call per minute.
-        if any(e.get("event") == "epilog.context" and e.get("attempt") == attempt
-               and e.get("source") == "root" for e in state.events()):
-            return "COMPLETING"
-        now = time.monotonic()
-        if asked and now - asked[0] < SLURM_ASK_EVERY:
-            return "RUNNING"
-        asked[:] = [now]
-        try:
-            state_now = backend.job_state(job_id)
-        except JobwrapError as exc:
-            log.get().warning("supervisor.slurm_unreachable", error=str(exc))
-            if not unreachable_since:
-                unreachable_since.append(time.monotonic())
-            if time.monotonic() - unreachable_since[0] > cfg.supervisor.slurm_unreachable:
-                return "UNREACHABLE"  # not RUNNING: the supervisor ends, the epilog decides
-            return "RUNNING"  # keep watching; Slurm may be back on the next look
-        unreachable_since.clear()
-        return state_now
-
+    job_state = SlurmLook(backend, job_id, state, attempt,
+                          unreachable_after=cfg.supervisor.slurm_unreachable)
     supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
                             gpu_faults=_gpu_fault_reader(cfg, record),
                             facts=channel.write if channel else None)
     supervisor.run()
     return 0
+
+
+class SlurmLook:
+    """The supervisor's ``job_state``: where the job stands, asking slurmctld little.
+
+    The job's end is seen here first: its epilog on this node writes root's
+    epilog.context. Slurm itself is asked at most once every SLURM_ASK_EVERY seconds (a
+    job gone without an epilog: node failure), not at every look: at steady state a
+    supervisor costs slurmctld one call per minute.
+    """
+
+    def __init__(self, backend: SlurmBackend, job_id: str, state: JobState, attempt: int, *,
+                 unreachable_after: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.backend = backend
+        self.job_id = job_id
+        self.state = state
+        self.attempt = attempt
+        self.unreachable_after = unreachable_after
+        self.clock = clock
+        self.asked: float | None = None
+        self.unreachable_since: float | None = None
+
+    def __call__(self) -> str:
+        if any(e.get("event") == "epilog.context" and e.get("attempt") == self.attempt
+               and e.get("source") == "root" for e in self.state.events()):
+            return "COMPLETING"
+        now = self.clock()
+        if self.asked is not None and now - self.asked < SLURM_ASK_EVERY:
+            return "RUNNING"
+        self.asked = now
+        try:
+            state_now = self.backend.job_state(self.job_id)
+        except JobwrapError as exc:
+            log.get().warning("supervisor.slurm_unreachable", error=str(exc))
+            if self.unreachable_since is None:
+                self.unreachable_since = now
+            if now - self.unreachable_since > self.unreachable_after:
+                return "UNREACHABLE"  # not RUNNING: the supervisor ends, the epilog decides
+            return "RUNNING"  # keep watching; Slurm may be back on the next look
+        self.unreachable_since = None
+        return state_now
 
 
 def _open_log(state: JobState, uid: int) -> int | None:

@@ -1,0 +1,137 @@
+"""What a supervisor costs slurmctld: at steady state at most one call per job per minute.
+
+The real Supervisor loop (wrapper/supervisor/monitor.py) with the real ``job_state`` the
+``supervise`` verb gives it (launch.SlurmLook), on real state files, a fake clock, and
+the fake Slurm backend (wrapper/slurm/fake.py) behind a counter of every call made to it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from wrapper.config import SupervisorConfig
+from wrapper.errors import SlurmError
+from wrapper.jobrecord import JobRecord
+from wrapper.slurm.fake import FakeSlurm
+from wrapper.state import USER_EVENTS, JobState
+from wrapper.supervisor.launch import SLURM_ASK_EVERY, SlurmLook
+from wrapper.supervisor.monitor import Supervisor
+
+JOB = "4242"
+
+
+class Counted:
+    """Any backend, every method call counted (a call to Slurm is a call to slurmctld)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.calls: list[tuple[float, str]] = []
+        self.clock = lambda: 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.backend, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((self.clock(), name))
+            return target(*args, **kwargs)
+        return call
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 5_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def supervised(tmp_path: Path, fake: FakeSlurm, *, unreachable_after: float = 600.0
+               ) -> tuple[Supervisor, JobState, Clock, Counted]:
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(None, None)
+    (state.path / USER_EVENTS).write_text("")
+    out = tmp_path / "job.out"
+    out.write_text("")
+    clock = Clock()
+    record = JobRecord(job_id=JOB, user="u", uid=1, gid=1, nodes=["n1"], gpus=[0],
+                       work_dir=str(tmp_path), stdout=str(out), stderr=str(out),
+                       time_limit_s=None, start_time=clock.now,
+                       options={"checkpoint_dir": str(tmp_path / "ckpt")})
+    counted = Counted(fake)
+    counted.clock = clock
+    look = SlurmLook(counted, JOB, state, 0, unreachable_after=unreachable_after, clock=clock)
+    # the defaults: a look every 2 s, "ask Slurm" every 10 s; the ask is what is bounded
+    sup = Supervisor(record, state, SupervisorConfig(), attempt=0, job_state=look,
+                     end_job=lambda why: True, signal_job=lambda sig: True, clock=clock)
+    return sup, state, clock, counted
+
+
+def run_for(sup: Supervisor, clock: Clock, seconds: float) -> None:
+    end = clock.now + seconds
+
+    def sleep(step: float) -> None:
+        clock.now += step
+        if clock.now >= end:
+            sup.finished = True  # the test's stop, not the supervisor's
+
+    sup.run(sleep=sleep)
+
+
+def per_minute(calls: list[tuple[float, str]], start: float, minutes: int) -> list[int]:
+    return [sum(1 for t, _ in calls if start + 60 * m <= t < start + 60 * (m + 1))
+            for m in range(minutes)]
+
+
+def test_a_running_job_costs_slurmctld_one_call_a_minute(tmp_path: Path) -> None:
+    fake = FakeSlurm(jobs={JOB: {"JobState": "RUNNING"}})
+    sup, _state, clock, counted = supervised(tmp_path, fake)
+    start = clock.now
+    run_for(sup, clock, 10 * 60)
+    assert not any(e["event"] == "supervisor.end" for e in _state.events())
+    counts = per_minute(counted.calls, start, 10)
+    assert max(counts) <= 1, counts
+    assert sum(counts) >= 9  # it does ask: a job gone without an epilog is still seen
+    assert {name for _, name in counted.calls} == {"job_state"}
+    gaps = [b[0] - a[0] for a, b in zip(counted.calls, counted.calls[1:], strict=False)]
+    assert min(gaps) >= SLURM_ASK_EVERY
+
+
+def test_the_job_end_is_seen_from_roots_epilog_event_without_asking(tmp_path: Path) -> None:
+    fake = FakeSlurm(jobs={JOB: {"JobState": "RUNNING"}})
+    sup, state, clock, counted = supervised(tmp_path, fake)
+    run_for(sup, clock, 90)
+    asked = len(counted.calls)
+    state.append("epilog.context", attempt=0, node="n1")  # root's: the job ended here
+    clock.now += 11
+    sup.tick()
+    assert sup.finished
+    assert len(counted.calls) == asked
+    assert [e["job_state"] for e in state.events() if e["event"] == "supervisor.end"] == \
+        ["COMPLETING"]
+
+
+def test_the_users_forged_epilog_event_ends_nothing(tmp_path: Path) -> None:
+    fake = FakeSlurm(jobs={JOB: {"JobState": "RUNNING"}})
+    sup, state, clock, _counted = supervised(tmp_path, fake)
+    sup.tick()
+    state.append("epilog.context", as_user=True, attempt=0, node="n1")
+    run_for(sup, clock, 120)
+    assert not any(e["event"] == "supervisor.end" for e in state.events())
+
+
+def test_an_unreachable_slurmctld_is_not_asked_more_often(tmp_path: Path) -> None:
+    class Down(FakeSlurm):
+        def job_state(self, job_id: str) -> str:
+            raise SlurmError("slurm_load_jobs error: Unable to contact slurm controller")
+
+    sup, state, clock, counted = supervised(tmp_path, Down(), unreachable_after=300)
+    start = clock.now
+    run_for(sup, clock, 10 * 60)
+    ends = [e["job_state"] for e in state.events() if e["event"] == "supervisor.end"]
+    assert ends == ["UNREACHABLE"]  # after 300 s unanswered, then it stopped asking
+    counts = per_minute(counted.calls, start, 10)
+    assert max(counts) <= 1, counts
+    assert 5 <= sum(counts) <= 7
