@@ -137,7 +137,7 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
     from wrapper.osl.users import UserIds
     from wrapper.restart import apply, evidence, resume
     from wrapper.restart.classify import classify
-    from wrapper.restart.policy import decide
+    from wrapper.restart.policy import decide, suspect
 
     store = JobStore(state)
     user = UserIds.of(record.uid, record.gid)
@@ -146,13 +146,20 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
                                confirm=services.gpu_confirm if services else None)
     verdict = classify(gathered.evidence)
     options, checkpoint = record.job_options, gathered.checkpoint
+    resumed, older = gathered.resumed, gathered.older
+    fallback = (resumed.path, older.path) if resumed and older and suspect(
+        verdict, resumed_from=resumed.path,
+        checkpoint_path=checkpoint.path if checkpoint else None) else None
     decision = decide(verdict, attempt=ctx.attempt, max_restarts=resume.max_restarts(options, cfg),
                       # sbatch --no-requeue (or a site's job_submit): Slurm would refuse.
                       no_requeue=options.no_requeue or not gathered.job.requeue_allowed,
                       history=gathered.history,
                       checkpoint_step=checkpoint.step if checkpoint else None,
                       checkpoint_path=checkpoint.path if checkpoint else None,
-                      node=ctx.node, no_progress_limit=cfg.restart.no_progress_limit)
+                      node=ctx.node, no_progress_limit=cfg.restart.no_progress_limit,
+                      fallback=fallback)
+    if fallback is not None:
+        apply.record_suspect(store, ctx, verdict, gathered)
     apply.record(store, ctx, verdict, decision, gathered)
     if cfg.metrics.textfile and verdict.kind != "success":
         from wrapper import metrics

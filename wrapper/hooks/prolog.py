@@ -75,6 +75,10 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
         staging.stage_in(ctx, cfg, state, record, deadline=started + cfg.hooks.prolog_budget)
     except JobwrapError as exc:  # no scratch root, say: the site's setup, not the node
         unchecked(cfg, state, ctx, exc, what="scratch.unavailable")
+    if ctx.first_node and not record.options_error:
+        from wrapper.restart.resume import choose
+
+        choose(store, record, attempt=ctx.attempt, node=ctx.node)
     if ctx.first_node and cfg.supervisor.enabled and record.uid > 0:
         from wrapper.supervisor.launch import start
 

@@ -288,6 +288,31 @@ class AttemptEnd(Event):
     exclude: list[str] = field(default_factory=list)
 
 
+@kind("resume.chosen", writer="root")
+@dataclass(frozen=True)
+class ResumeChosen(Event):
+    """Root's pick of the checkpoint an attempt resumes from (the prolog, on the job's first
+    node, looks it up as the user); ``passed_over``: newer ones skipped as suspect."""
+
+    path: str = ""
+    step: int | None = None
+    mtime: float = 0.0
+    passed_over: list[str] = field(default_factory=list)
+
+
+@kind("checkpoint.suspect", writer="root")
+@dataclass(frozen=True)
+class CheckpointSuspect(Event):
+    """An attempt resumed from this checkpoint and failed, by its own fault, before a newer
+    one appeared: later attempts resume from an older one (nothing is deleted)."""
+
+    path: str = ""
+    step: int | None = None
+    mtime: float = 0.0
+    fallback: str = ""
+    reason: str = ""
+
+
 @kind("requeue.failed", writer="root")
 @dataclass(frozen=True)
 class RequeueFailed(Event):
