@@ -223,3 +223,14 @@ def test_the_users_claim_of_a_resume_point_is_not_roots_fact(tmp_path: Path) -> 
     assert store.resumed_from(1) is None
     action, _ = epilog(cfg, state, record, 1)
     assert action == "requeue" and store.suspects() == []
+
+
+def test_the_manifest_resume_point_is_roots_pick_not_the_users() -> None:
+    from wrapper.archive import rerun
+
+    events = [{"event": "attempt.end", "attempt": 1, "source": "root",
+               "checkpoint_path": "/ck/step-3"},
+              {"event": "resume.chosen", "attempt": 2, "source": "user", "path": "/ck/evil"},
+              {"event": "resume.chosen", "attempt": 2, "source": "root", "path": "/ck/step-2"}]
+    assert rerun.resume_point(events, 2) == "/ck/step-2"
+    assert rerun.resume_point(events[:2], 2) == "/ck/step-3"

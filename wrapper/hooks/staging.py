@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
+from wrapper.job.store import JobStore
 from wrapper.jobrecord import JobRecord
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
@@ -84,13 +86,13 @@ def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *
                 raise
             # The node's cache is the site's problem, not the job's: stage without it.
             log.get().error("staging.cache_unusable", error=str(exc))
-            state.append("staging.cache_unusable", attempt=ctx.attempt, node=ctx.node,
-                         error=str(exc))
+            JobStore(state).record(ev.StagingCacheUnusable(
+                attempt=ctx.attempt, node=ctx.node, error=str(exc)))
             report = attempt(None)
     except JobwrapError as exc:
         log.get().warning("staging.in_failed", error=str(exc))
-        state.append("staging.failed", attempt=ctx.attempt, node=ctx.node, direction="in",
-                     error=str(exc))
+        JobStore(state).record(ev.StagingFailed(attempt=ctx.attempt, node=ctx.node,
+                                                direction="in", error=str(exc)))
         return
     _record(ctx, cfg, state, "in", report)
 
@@ -117,8 +119,8 @@ def stage_out(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, 
                           timeout=max(1.0, deadline - time.monotonic()))
     except JobwrapError as exc:
         log.get().error("staging.out_failed", error=str(exc))
-        state.append("staging.failed", attempt=ctx.attempt, node=ctx.node, direction="out",
-                     error=str(exc))
+        JobStore(state).record(ev.StagingFailed(attempt=ctx.attempt, node=ctx.node,
+                                                direction="out", error=str(exc)))
         return [str(exc)]
     _record(ctx, cfg, state, "out", report)
     problems = [p for item in report.items for p in item.problems]
@@ -145,8 +147,8 @@ def keep_results(ctx: JobContext, cfg: Config, state: JobState, record: JobRecor
         return
     until = time.time() + cfg.staging.kept_results_days * 86400
     shown_until = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(until))
-    state.append("staging.kept", attempt=ctx.attempt, node=ctx.node, path=str(kept),
-                 until=round(until), problems=problems[:20])
+    JobStore(state).record(ev.StagingKept(attempt=ctx.attempt, node=ctx.node, path=str(kept),
+                                          until=round(until), problems=problems[:20]))
     log.get().error("staging.results_kept", path=str(kept), until=shown_until,
                     problems=problems[:10])
     if not record.stdout:
@@ -188,16 +190,18 @@ def remove_scratch(ctx: JobContext, cfg: Config, state: JobState) -> None:
     if not scratch.exists() and not scratch.is_symlink():
         return
     removal = remove(scratch)
-    state.append("scratch.removed", attempt=ctx.attempt, node=ctx.node, files=removal.files,
-                 dirs=removal.dirs, left=removal.left, complete=removal.complete)
+    JobStore(state).record(ev.ScratchRemoved(
+        attempt=ctx.attempt, node=ctx.node, files=removal.files, dirs=removal.dirs,
+        left=removal.left, complete=removal.complete))
 
 
 def _record(ctx: JobContext, cfg: Config, state: JobState, direction: str,
             report: StageReport) -> None:
     hits = sum(1 for i in report.items if i.cache_hit)
     misses = sum(1 for i in report.items if i.cache_hit is False)
-    state.append(f"staging.{direction}", attempt=ctx.attempt, node=ctx.node, cache_hits=hits,
-                 **report.as_dict())
+    done = ev.StagingIn if direction == "in" else ev.StagingOut
+    JobStore(state).record(done(attempt=ctx.attempt, node=ctx.node, cache_hits=hits,
+                                extra=report.as_dict()))
     log.get().info(f"staging.{direction}.done", files=report.files, bytes=report.bytes,
                    seconds=round(report.seconds, 3), cache_hits=hits, missing=report.missing)
     if cfg.metrics.textfile:
