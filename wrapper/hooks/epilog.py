@@ -81,7 +81,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     deadline = started + cfg.hooks.epilog_budget
     not_back: list[str] = []
     try:  # outputs first: a failed job's partial results are not lost
-        not_back = staging.stage_out(ctx, cfg, state, record, deadline=deadline)
+        not_back = staging.stage_job_out(ctx, cfg, state, record, deadline=deadline)
     except JobwrapError as exc:
         log.get().error("epilog.stage_out_broken", error=str(exc))
         not_back = [str(exc)]
@@ -91,7 +91,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         if not_back:
             staging.keep_results(ctx, cfg, state, record, not_back)
         else:
-            staging.remove_scratch(ctx, cfg, state)
+            staging.remove_job_scratch(ctx, cfg, state)
     except JobwrapError as exc:
         log.get().error("epilog.scratch_not_removed", error=str(exc))
     staging.prune_kept(cfg)

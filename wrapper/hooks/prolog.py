@@ -72,7 +72,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     from wrapper.hooks import staging
 
     try:
-        staging.stage_in(ctx, cfg, state, record, deadline=started + cfg.hooks.prolog_budget)
+        staging.stage_job_in(ctx, cfg, state, record, deadline=started + cfg.hooks.prolog_budget)
     except JobwrapError as exc:  # no scratch root, say: the site's setup, not the node
         unchecked(cfg, state, ctx, exc, what=ev.ScratchUnavailable)
     if ctx.first_node and not record.options_error:

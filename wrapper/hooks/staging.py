@@ -1,5 +1,7 @@
-"""The hooks' side of staging: per-job scratch, stage-in in the prolog, stage-out and
-cleanup in the epilog, each recorded in the per-job state.
+"""The hooks' side of staging (``stage_job_in``, ``stage_job_out``, ``remove_job_scratch``:
+one job's, over ``wrapper.staging``'s ``stage_in``, ``stage_out``, ``remove_scratch``):
+per-job scratch, stage-in in the prolog, stage-out and cleanup in the epilog, each
+recorded in the per-job state.
 
 A stage-in that fails is the job's problem (a source it cannot read, a dataset too big
 for the node): it is recorded, the node stays in service, and the job's batch step is
@@ -17,6 +19,7 @@ from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
+from wrapper.job.paths import JobPaths
 from wrapper.job.store import JobStore
 from wrapper.jobrecord import JobRecord
 from wrapper.slurm.context import JobContext
@@ -35,12 +38,6 @@ def _user(record: JobRecord) -> UserIds:
     return UserIds.for_job(record.user, record.uid, record.gid)
 
 
-def scratch_path(cfg: Config, job_id: str) -> Path:
-    from wrapper.job.paths import JobPaths
-
-    return JobPaths.of(cfg, job_id).scratch
-
-
 def _progress(direction: str) -> Callable[[Progress], None]:
     last: dict[str, float] = {}
     logger = log.get()
@@ -57,7 +54,7 @@ def _progress(direction: str) -> Callable[[Progress], None]:
     return report
 
 
-def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
+def stage_job_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
              deadline: float) -> None:
     """Make the job's scratch on this node and stage its --stage-in directives into it."""
     from wrapper.staging.scratch import prepare_scratch
@@ -68,11 +65,10 @@ def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *
     if not directives or record.options_error:
         return
     # The copy engine and the cache only for a job that stages something.
-    from wrapper.staging import Cache, StageSettings, StagingError, parse_stage_in
-    from wrapper.staging import stage_in as copy_in
+    from wrapper.staging import Cache, StageSettings, StagingError, parse_stage_in, stage_in
 
     def attempt(cache: Cache | None) -> StageReport:
-        return copy_in([parse_stage_in(d) for d in directives], scratch=scratch, user=user,
+        return stage_in([parse_stage_in(d) for d in directives], scratch=scratch, user=user,
                        cache=cache, settings=StageSettings.from_config(cfg.staging),
                        progress=_progress("in"), work_dir=record.work_dir,
                        timeout=max(1.0, deadline - time.monotonic()))
@@ -97,7 +93,7 @@ def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *
     _record(ctx, cfg, state, "in", report)
 
 
-def stage_out(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
+def stage_job_out(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
               deadline: float) -> list[str]:
     """Copy the job's --stage-out directives back, whatever the job's outcome.
 
@@ -105,15 +101,14 @@ def stage_out(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, 
     stage); the caller then keeps the scratch (``keep_results``) instead of removing it.
     A directive whose SRC the job never made is no problem: there is nothing to keep.
     """
-    from wrapper.staging import StageSettings, parse_stage_out
-    from wrapper.staging import stage_out as copy_out
+    from wrapper.staging import StageSettings, parse_stage_out, stage_out
 
     directives = record.job_options.stage_out
-    scratch = scratch_path(cfg, ctx.job_id)
+    scratch = JobPaths.of(cfg, ctx.job_id).scratch
     if not directives or record.options_error or not scratch.is_dir():
         return []
     try:
-        report = copy_out([parse_stage_out(d) for d in directives], scratch=scratch,
+        report = stage_out([parse_stage_out(d) for d in directives], scratch=scratch,
                           user=_user(record), settings=StageSettings.from_config(cfg.staging),
                           progress=_progress("out"), work_dir=record.work_dir,
                           timeout=max(1.0, deadline - time.monotonic()))
@@ -143,7 +138,7 @@ def keep_results(ctx: JobContext, cfg: Config, state: JobState, record: JobRecor
     kept = quarantine_scratch(Path(cfg.paths.scratch_root), ctx.job_id,
                               f"attempt{ctx.attempt}")
     if kept is None:  # no scratch folder left to keep
-        remove_scratch(ctx, cfg, state)
+        remove_job_scratch(ctx, cfg, state)
         return
     until = time.time() + cfg.staging.kept_results_days * 86400
     shown_until = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(until))
@@ -182,14 +177,14 @@ def prune_kept(cfg: Config) -> None:
         log.get().info("staging.kept_pruned", jobs=removed)
 
 
-def remove_scratch(ctx: JobContext, cfg: Config, state: JobState) -> None:
+def remove_job_scratch(ctx: JobContext, cfg: Config, state: JobState) -> None:
     """Remove this node's scratch of the job, never following a link out of it."""
-    from wrapper.staging import remove_scratch as remove
+    from wrapper.staging import remove_scratch
 
-    scratch = scratch_path(cfg, ctx.job_id)
+    scratch = JobPaths.of(cfg, ctx.job_id).scratch
     if not scratch.exists() and not scratch.is_symlink():
         return
-    removal = remove(scratch)
+    removal = remove_scratch(scratch)
     JobStore(state).record(ev.ScratchRemoved(
         attempt=ctx.attempt, node=ctx.node, files=removal.files, dirs=removal.dirs,
         left=removal.left, complete=removal.complete))
