@@ -57,7 +57,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         # exits 0 so that Slurm does not replace that reason with "Epilog error".
         try:
             report = check_node(ctx, cfg, env or {}, phase="epilog", backend=backend,
-                                state=state)
+                                state=state, services=services)
             gpu_check_failed, gpu_checked = report.verdict == "fail", True
         except JobwrapError as exc:
             unchecked(cfg, state, ctx, exc)

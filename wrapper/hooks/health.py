@@ -27,6 +27,7 @@ from wrapper.state import JobState
 
 if TYPE_CHECKING:
     from wrapper.gpu.report import Report
+    from wrapper.hooks import Services
 
 GRES_TTL = 600.0
 VERSION_CHECKS = ("driver", "cuda", "nccl", "fabric_manager", "commands")
@@ -34,15 +35,20 @@ SCONTROL_FACTS = "scontrol.json"  # in <state_dir>/nodes: what this node's scont
 
 
 def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: str,
-               backend: SlurmBackend, state: JobState) -> Report:
-    from wrapper.gpu.probe import open_probe
+               backend: SlurmBackend, state: JobState, services: Services | None = None
+               ) -> Report:
     from wrapper.gpu.report import run_checks
 
     gres = configured_gres(cfg, ctx.node, backend)
-    probe = open_probe(cfg.gpu, ctx.node)
+    if services is None:
+        from wrapper.gpu.probe import open_probe
+
+        probe = open_probe(cfg.gpu, ctx.node)
+    else:
+        probe = services.open_probe(ctx.node)
     try:
         report = run_checks(cfg, probe, phase=phase, allocated=ctx.gpus, configured_gres=gres,
-                            env=env)
+                            env=env, runner=services.runner if services else None)
     finally:
         probe.close()
     failures = [r.reason for r in report.failures]

@@ -39,7 +39,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     if cfg.checks.prolog:
 
         try:
-            report = check_node(ctx, cfg, env, phase="prolog", backend=backend, state=state)
+            report = check_node(ctx, cfg, env, phase="prolog", backend=backend, state=state,
+                                services=services)
         except JobwrapError as exc:
             unchecked(cfg, state, ctx, exc)
         else:
