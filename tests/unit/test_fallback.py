@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from wrapper import jobrecord
+from tests.unit.test_epilog_matrix import job_files
 from wrapper.archive.status import render, summarize
-from wrapper.config import Config, PathsConfig
+from wrapper.config import Config
 from wrapper.directives import JobOptions
 from wrapper.hooks import Services, task_prolog
 from wrapper.hooks.epilog import decide_attempt
@@ -118,19 +118,9 @@ def test_the_lookup_passes_over_a_suspect_and_what_was_newer_when_judged(
 
 # -- one job through the hook bodies ------------------------------------------------------
 def job(tmp_path: Path) -> tuple[Config, JobState, JobRecord]:
-    cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state"),
-                                   scratch_root=str(tmp_path / "scratch"),
-                                   archive_root=str(tmp_path / "archive")))
-    state = JobState(tmp_path / "state", JOB)
-    state.prepare(os.getuid(), os.getgid())
-    out = tmp_path / "job.out"
-    out.write_text("resuming\nValueError: poisoned checkpoint\n")
-    record = JobRecord(job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(), nodes=["n1"],
-                       gpus=[0], work_dir=str(tmp_path), stdout=str(out), stderr=str(out),
-                       options={"max_restarts": 4, "checkpoint_dir": str(tmp_path / "c"),
-                                "checkpoint_glob": GLOB})
-    state.write_json(jobrecord.RECORD, record.as_dict())
-    return cfg, state, record
+    return job_files(tmp_path, JOB, "resuming\nValueError: poisoned checkpoint\n",
+                     {"max_restarts": 4, "checkpoint_dir": str(tmp_path / "c"),
+                      "checkpoint_glob": GLOB})
 
 
 def epilog(cfg: Config, state: JobState, record: JobRecord, attempt: int
