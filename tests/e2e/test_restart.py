@@ -7,6 +7,7 @@ way, and must end with exactly the sum of an uninterrupted run.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,29 @@ def test_gpu_xid_mid_run_drains_the_node_and_resumes_on_the_other(cluster: Clust
         Runner(cluster.env()).run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
                                   timeout=20, check=False)
         cluster.wait_idle(timeout=30)
+
+
+def test_a_checkpoint_that_crashes_the_resume_falls_back_to_the_one_before(
+        cluster: Cluster, payload: str) -> None:
+    job_id, output = run_job(cluster, "poison", job_script("poison", "poison", 4))
+    assert f"done sum {EXPECTED}" in output, output
+    assert "[final state COMPLETED restarts 2]" in output, output
+    ends = attempt_ends(cluster, job_id)
+    # Attempt 1 made no progress (as attempt 0): without the fallback the job would stop.
+    assert [(e["attempt"], e["kind"], e["decision"]) for e in ends] == [
+        (0, "user_error", "requeue"), (1, "user_error", "requeue"), (2, "success", "done")], ends
+    events = JobState(cluster.state_dir, job_id).events()
+    poisoned = str(cluster.work / "ckpt-poison" / "epoch=0-step=4.ckpt")
+    suspects = [e for e in events if e["event"] == "checkpoint.suspect"]
+    assert [(e["source"], e["attempt"], e["path"]) for e in suspects] == [
+        ("root", 1, poisoned)], suspects
+    chosen = [(e["attempt"], Path(str(e["path"])).name) for e in events
+              if e["event"] == "resume.chosen" and e["source"] == "root"]
+    assert chosen == [(1, "epoch=0-step=4.ckpt"), (2, "epoch=0-step=3.ckpt")], chosen
+    assert "attempt=2 resume=" in output and "start=3" in output, output
+    assert f"falling back past the suspect checkpoint {poisoned}" in output, output
+    status = subprocess.run([str(cluster.runtime / "venv" / "bin" / "jobwrap"), "--config",
+                             str(cluster.jobwrap_config), "status", job_id],
+                            capture_output=True, text=True, env=cluster.env(), timeout=60,
+                            check=False)
+    assert f"checkpoint {poisoned} is suspect" in status.stdout, status

@@ -164,7 +164,7 @@ def test_an_unwritable_dest_keeps_the_results_and_says_where(shared: Path,
     locked.mkdir(mode=0o555)
     os.chown(locked, user.uid, user.gid)
     cfg, ctx, record, state, out = stage_out_job(shared, user, f"{locked}/out")
-    problems = staging.stage_out(ctx, cfg, state, record,  # type: ignore[arg-type]
+    problems = staging.stage_job_out(ctx, cfg, state, record,  # type: ignore[arg-type]
                                  deadline=time.monotonic() + 60)
     assert problems and "results:" in problems[0]
     staging.keep_results(ctx, cfg, state, record, problems)  # type: ignore[arg-type]
@@ -206,6 +206,6 @@ def test_a_good_stage_out_removes_the_scratch(shared: Path, user: UserIds) -> No
     mine.mkdir()
     os.chown(mine, user.uid, user.gid)
     cfg, ctx, record, state, _out = stage_out_job(shared, user, f"{mine}/back")
-    assert staging.stage_out(ctx, cfg, state, record,  # type: ignore[arg-type]
+    assert staging.stage_job_out(ctx, cfg, state, record,  # type: ignore[arg-type]
                              deadline=time.monotonic() + 60) == []
     assert (mine / "back" / "data.txt").read_text() == "precious\n"

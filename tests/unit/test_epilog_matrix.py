@@ -63,20 +63,28 @@ def expected(kind: str, history: str, allowed: bool) -> str:
     return "requeue"
 
 
-def setup(tmp_path: Path, kind: str, history: str, allowed: bool
-          ) -> tuple[JobContext, Config, JobState, JobRecord, FakeSlurm, bool]:
-    code, slurm_state, tail, extra = CASES[kind]
+def job_files(tmp_path: Path, job_id: str, output: str, options: dict[str, object]
+              ) -> tuple[Config, JobState, JobRecord]:
+    """A site under ``tmp_path`` and one job's state, record and output (this user's)."""
     cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state"),
                                    scratch_root=str(tmp_path / "scratch"),
                                    archive_root=str(tmp_path / "archive")))
-    state = JobState(tmp_path / "state", JOB)
+    state = JobState(tmp_path / "state", job_id)
     state.prepare(os.getuid(), os.getgid())
     out = tmp_path / "job.out"
-    out.write_text("step 1\n" + tail)
-    record = JobRecord(job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(), nodes=["n1"],
-                       gpus=[0], work_dir=str(tmp_path), stdout=str(out), stderr=str(out),
-                       options={"max_restarts": MAX_RESTARTS})
+    out.write_text(output)
+    record = JobRecord(job_id=job_id, user="u", uid=os.getuid(), gid=os.getgid(),
+                       nodes=["n1"], gpus=[0], work_dir=str(tmp_path), stdout=str(out),
+                       stderr=str(out), options=options)
     state.write_json(jobrecord.RECORD, record.as_dict())
+    return cfg, state, record
+
+
+def setup(tmp_path: Path, kind: str, history: str, allowed: bool
+          ) -> tuple[JobContext, Config, JobState, JobRecord, FakeSlurm, bool]:
+    code, slurm_state, tail, extra = CASES[kind]
+    cfg, state, record = job_files(tmp_path, JOB, "step 1\n" + tail,
+                                   {"max_restarts": MAX_RESTARTS})
     attempt = {"first": 0, "one_failure_before": 1, "at_limit": MAX_RESTARTS}[history]
     store = JobStore(state)
     store.record(ev.PrologContext(node="n1", hook="prolog", attempt=attempt))

@@ -42,7 +42,7 @@ def events(state: JobState) -> list[str]:
 
 def test_stage_in_through_the_cache(shared: Path, user: UserIds) -> None:
     cfg, ctx, record, state = setup(shared, user, 0o700)
-    staging.stage_in(ctx, cfg, state, record, deadline=time.monotonic() + 60)  # type: ignore[arg-type]
+    staging.stage_job_in(ctx, cfg, state, record, deadline=time.monotonic() + 60)  # type: ignore[arg-type]
     assert (shared / "scratch" / "7" / "data" / "a.txt").read_text() == "hello\n"
     assert "staging.in" in events(state) and "staging.cache_unusable" not in events(state)
 
@@ -50,7 +50,7 @@ def test_stage_in_through_the_cache(shared: Path, user: UserIds) -> None:
 def test_an_unusable_cache_is_bypassed_not_blamed_on_the_job(shared: Path,
                                                              user: UserIds) -> None:
     cfg, ctx, record, state = setup(shared, user, 0o755)  # unsafe: others may read it
-    staging.stage_in(ctx, cfg, state, record, deadline=time.monotonic() + 60)  # type: ignore[arg-type]
+    staging.stage_job_in(ctx, cfg, state, record, deadline=time.monotonic() + 60)  # type: ignore[arg-type]
     assert (shared / "scratch" / "7" / "data" / "a.txt").read_text() == "hello\n"
     names = events(state)
     assert "staging.cache_unusable" in names and "staging.in" in names

@@ -38,6 +38,7 @@ from wrapper.archive.patterns import PatternValues, candidates
 from wrapper.archive.store import Writer
 from wrapper.config import ArchiveConfig, Config
 from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
 from wrapper.jobrecord import JobRecord
 from wrapper.osl.users import UserIds
 from wrapper.state import JobState
@@ -219,7 +220,7 @@ def _earlier_attempts(events: list[dict[str, Any]], node: str, attempt: int) -> 
     """Earlier attempts whose hooks ran on this node (root's records only)."""
     found = {int(e["attempt"]) for e in events
              if e.get("source") == "root" and e.get("node") == node
-             and e.get("event") in ("prolog.context", "epilog.context")
+             and e.get("event") in (ev.PrologContext.KIND, ev.EpilogContext.KIND)
              and isinstance(e.get("attempt"), int) and e["attempt"] < attempt}
     return sorted(found)
 

@@ -22,6 +22,8 @@ import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from wrapper.job import events as ev
+
 VERSION_CHECKS = ("driver", "cuda", "nccl", "fabric_manager", "commands")
 _DRIVER = re.compile(r"^driver (\d+(?:\.\d+)+)")
 _CUDA = re.compile(r"CUDA (\d+(?:\.\d+)+)")
@@ -37,7 +39,7 @@ def software(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for event in events:
         rows = event.get("versions")
-        if event.get("source", "root") != "root" or event.get("event") != "health" \
+        if event.get("source", "root") != "root" or event.get("event") != ev.Health.KIND \
                 or not isinstance(rows, list) or not rows:
             continue
         stack: dict[str, Any] = {"driver": None, "cuda": None, "nccl": None,
@@ -72,7 +74,7 @@ def environment(events: Iterable[Mapping[str, Any]], attempt: int) -> dict[str, 
     sees what the batch script loaded or activated before it), labelled as the user's."""
     found = None
     for event in events:
-        if event.get("event") == "task-prolog.context" and event.get("attempt") == attempt \
+        if event.get("event") == ev.TaskPrologContext.KIND and event.get("attempt") == attempt \
                 and isinstance(event.get("environment"), dict):
             found = event
     if found is None:
@@ -85,7 +87,7 @@ def data(events: Iterable[Mapping[str, Any]], attempt: int) -> list[dict[str, An
     """The trees staged in for ``attempt`` (root's ``staging.in`` records), each once."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for event in events:
-        if event.get("source", "root") != "root" or event.get("event") != "staging.in" \
+        if event.get("source", "root") != "root" or event.get("event") != ev.StagingIn.KIND \
                 or event.get("attempt") != attempt:
             continue
         for item in event.get("items") or []:
@@ -118,14 +120,20 @@ def tree_digest(item: Mapping[str, Any]) -> tuple[str | None, str | None]:
 
 
 def resume_point(events: Iterable[Mapping[str, Any]], attempt: int) -> str | None:
-    """The checkpoint ``attempt`` resumed from: the one root's epilog found at the end of
-    the attempt before it (``attempt.end``'s ``checkpoint_path``)."""
-    found = None
+    """The checkpoint ``attempt`` resumed from: root's pick for it (``resume.chosen``), or,
+    for a job recorded before root picked, the one root's epilog found at the end of the
+    attempt before it (``attempt.end``'s ``checkpoint_path``)."""
+    chosen = ended = None
     for event in events:
-        if event.get("source", "root") == "root" and event.get("event") == "attempt.end" \
-                and event.get("attempt") == attempt - 1 and event.get("checkpoint_path"):
-            found = str(event["checkpoint_path"])
-    return found
+        if event.get("source", "root") != "root":
+            continue
+        if event.get("event") == ev.ResumeChosen.KIND and event.get("attempt") == attempt \
+                and event.get("path"):
+            chosen = str(event["path"])
+        elif event.get("event") == ev.AttemptEnd.KIND and \
+                event.get("attempt") == attempt - 1 and event.get("checkpoint_path"):
+            ended = str(event["checkpoint_path"])
+    return chosen or ended
 
 
 def command(*, job_id: str, slurm: Mapping[str, Any], work_dir: str | None,

@@ -29,8 +29,9 @@ ENDING = "ending"    # an epilog has started, the verdict is not written yet
 ENDED = "ended"
 
 _INCIDENTS = {"hang", "gpu.fault", "walltime.signal", "directives.invalid",
-              "prolog.unhealthy"}
-_ROOT_ONLY = {"directives.invalid", "prolog.unhealthy"}  # what only root's hooks record
+              "prolog.unhealthy", "checkpoint.suspect", "resume.chosen"}
+# what only root's hooks record
+_ROOT_ONLY = {"directives.invalid", "prolog.unhealthy", "checkpoint.suspect", "resume.chosen"}
 
 
 @dataclass
@@ -137,6 +138,8 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
         summary.checkpoints += 1
         summary.checkpoint_list.append({"path": path, "step": step, "ts": ts})
         summary.latest_checkpoint, summary.latest_step = path, step
+    elif name == "resume.chosen" and not event.get("passed_over"):
+        pass  # an ordinary resume: the banner in the job's output says it
     elif name in _INCIDENTS and (by_root or name not in _ROOT_ONLY):
         summary.incidents.append(_incident(name, event))
     if summary.started_at is None and ts is not None:
@@ -150,6 +153,12 @@ def _incident(name: str, event: dict[str, Any]) -> str:
         return f"GPU fault: {event.get('reason', '')}"
     if name == "walltime.signal":
         return f"walltime: sent {event.get('signal', 'a signal')} before the time limit"
+    if name == "checkpoint.suspect":
+        return f"checkpoint {event.get('path')} is suspect ({event.get('reason', '')}); " \
+               f"next attempt falls back to {event.get('fallback') or 'an older one'}"
+    if name == "resume.chosen":
+        return f"resumed from {event.get('path')}, falling back past the suspect " \
+               f"{', '.join(str(p) for p in event.get('passed_over') or [])}"
     if name == "prolog.unhealthy":
         return f"{event.get('node', 'a node')} failed its prolog health check: " \
                f"{event.get('reason', '')}"

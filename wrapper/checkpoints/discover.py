@@ -13,7 +13,7 @@ import operator
 import os
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from wrapper.checkpoints.layout import (
     Candidate,
@@ -34,8 +34,12 @@ NESTED = "checkpoints"  # Accelerate's automatic_checkpoint_naming folder, looke
 
 def latest_valid(directory: str | os.PathLike[str], *, glob: str | None = None,
                  marker: str | None = None, settle_seconds: float = 10.0,
-                 now: float | None = None) -> Discovery:
+                 now: float | None = None,
+                 reject: Callable[[Checkpoint], str | None] | None = None) -> Discovery:
     """The newest complete checkpoint in ``directory``, and every newer one passed over.
+
+    ``reject``: the caller's own verdict on a complete checkpoint (a reason to pass it
+    over, or None), e.g. the restart policy's suspects.
 
     Raises UserInputError for arguments that cannot work (an empty directory name, a
     marker without a glob, a glob with ``/``, a negative settle time); a directory that
@@ -67,6 +71,10 @@ def latest_valid(directory: str | os.PathLike[str], *, glob: str | None = None,
         except Rejected as exc:
             skipped.append(Skipped(listing.path(candidate.name), exc.reason))
             first_layout = first_layout or candidate.layout.name
+            continue
+        why = reject(found) if reject is not None else None
+        if why:
+            skipped.append(Skipped(found.path, why))
             continue
         return Discovery(found, skipped, found.layout)
     nested = listing.get(NESTED)

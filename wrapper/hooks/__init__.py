@@ -22,6 +22,8 @@ from wrapper.errors import EXIT_BROKEN, EXIT_OK, EXIT_UNHEALTHY, ConfigError, Jo
 from wrapper.slurm.context import JobContext, from_env
 
 if TYPE_CHECKING:
+    from wrapper.gpu.probe import Probe
+    from wrapper.runner import Runner
     from wrapper.slurm import SlurmBackend
 
 
@@ -30,12 +32,17 @@ class Services:
     """What a hook body reaches outside itself, built once by ``run_hook``.
 
     Each is made on first use (the task-prolog never pays for a Slurm backend). Unit
-    tests pass fakes: ``wrapper.slurm.fake.FakeSlurm``, a GPU confirmer, a spawner that
-    records what it would start, a clock.
+    tests pass fakes: ``wrapper.slurm.fake.FakeSlurm``, a GPU probe factory (the ``fake``
+    probe, through the same seam NVML uses), a GPU confirmer, a spawner that records what
+    it would start, a clock.
     """
 
     cfg: Config
     slurm_factory: Callable[[], SlurmBackend] | None = None
+    # The external-command gateway of the Slurm backend and the checks; None: a plain one.
+    runner: Runner | None = None
+    # The GPU probe of a node (its Slurm name); None: ``[gpu] backend`` (wrapper.gpu.probe).
+    probe_factory: Callable[[str], Probe] | None = None
     # Root's own probe of GPUs (node, indexes) -> faults; None: the configured probe.
     gpu_confirm: Callable[[str, Sequence[int]], list[str]] | None = None
     # Starts a detached ``jobwrap ...`` (argv); None: wrapper.detach with the hook's env.
@@ -51,8 +58,16 @@ class Services:
             else:
                 from wrapper import slurm
 
-                self._slurm = slurm.backend(self.cfg.slurm)
+                self._slurm = slurm.backend(self.cfg.slurm, self.runner)
         return self._slurm
+
+    def open_probe(self, node: str) -> Probe:
+        """This node's GPU probe (the caller closes it)."""
+        if self.probe_factory is not None:
+            return self.probe_factory(node)
+        from wrapper.gpu.probe import open_probe
+
+        return open_probe(self.cfg.gpu, node)
 
 
 HookBody = Callable[[JobContext, Config, TextIO, Mapping[str, str], Services], int]

@@ -61,7 +61,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         # exits 0 so that Slurm does not replace that reason with "Epilog error".
         try:
             report = check_node(ctx, cfg, env or {}, phase="epilog", backend=backend,
-                                state=state)
+                                state=state, services=services)
             gpu_check_failed, gpu_checked = report.verdict == "fail", True
         except JobwrapError as exc:
             unchecked(cfg, state, ctx, exc)
@@ -85,7 +85,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     deadline = started + cfg.hooks.epilog_budget
     not_back: list[str] = []
     try:  # outputs first: a failed job's partial results are not lost
-        not_back = staging.stage_out(ctx, cfg, state, record, deadline=deadline)
+        not_back = staging.stage_job_out(ctx, cfg, state, record, deadline=deadline)
     except JobwrapError as exc:
         log.get().error("epilog.stage_out_broken", error=str(exc))
         not_back = [str(exc)]
@@ -95,7 +95,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         if not_back:
             staging.keep_results(ctx, cfg, state, record, not_back)
         else:
-            staging.remove_scratch(ctx, cfg, state)
+            staging.remove_job_scratch(ctx, cfg, state)
     except JobwrapError as exc:
         log.get().error("epilog.scratch_not_removed", error=str(exc))
     staging.prune_kept(cfg)
@@ -141,7 +141,7 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
     from wrapper.osl.users import UserIds
     from wrapper.restart import apply, evidence, resume
     from wrapper.restart.classify import classify
-    from wrapper.restart.policy import decide
+    from wrapper.restart.policy import decide, suspect
 
     store = JobStore(state)
     user = UserIds.of(record.uid, record.gid)
@@ -156,6 +156,10 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
     verdict, remote = with_remote_faults(verdict, backend, ctx, root_events(state),
                                          gathered.info)
     options, checkpoint = record.job_options, gathered.checkpoint
+    resumed, older = gathered.resumed, gathered.older
+    fallback = (resumed.path, older.path) if resumed and older and suspect(
+        verdict, resumed_from=resumed.path,
+        checkpoint_path=checkpoint.path if checkpoint else None) else None
     decision = decide(verdict, attempt=ctx.attempt, max_restarts=resume.max_restarts(options, cfg),
                       # sbatch --no-requeue (or a site's job_submit): Slurm would refuse.
                       no_requeue=options.no_requeue or not gathered.job.requeue_allowed,
@@ -163,9 +167,11 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
                       checkpoint_step=checkpoint.step if checkpoint else None,
                       checkpoint_path=checkpoint.path if checkpoint else None,
                       node="" if remote else ctx.node,
-                      no_progress_limit=cfg.restart.no_progress_limit)
+                      no_progress_limit=cfg.restart.no_progress_limit, fallback=fallback)
     if remote and decision.requeue:  # exclude the faulty nodes, not this healthy one
         decision = replace(decision, exclude_nodes=sorted(remote))
+    if fallback is not None:
+        apply.record_suspect(store, ctx, verdict, gathered)
     apply.record(store, ctx, verdict, decision, gathered)
     if cfg.metrics.textfile and verdict.kind != "success":
         from wrapper import metrics

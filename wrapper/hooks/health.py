@@ -19,12 +19,15 @@ from typing import TYPE_CHECKING
 from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
+from wrapper.job.store import JobStore
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 
 if TYPE_CHECKING:
     from wrapper.gpu.report import Report
+    from wrapper.hooks import Services
 
 GRES_TTL = 600.0
 VERSION_CHECKS = ("driver", "cuda", "nccl", "fabric_manager", "commands")
@@ -32,24 +35,29 @@ SCONTROL_FACTS = "scontrol.json"  # in <state_dir>/nodes: what this node's scont
 
 
 def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: str,
-               backend: SlurmBackend, state: JobState) -> Report:
-    from wrapper.gpu.probe import open_probe
+               backend: SlurmBackend, state: JobState, services: Services | None = None
+               ) -> Report:
     from wrapper.gpu.report import run_checks
 
     gres = configured_gres(cfg, ctx.node, backend)
-    probe = open_probe(cfg.gpu, ctx.node)
+    if services is None:
+        from wrapper.gpu.probe import open_probe
+
+        probe = open_probe(cfg.gpu, ctx.node)
+    else:
+        probe = services.open_probe(ctx.node)
     try:
         report = run_checks(cfg, probe, phase=phase, allocated=ctx.gpus, configured_gres=gres,
-                            env=env)
+                            env=env, runner=services.runner if services else None)
     finally:
         probe.close()
     failures = [r.reason for r in report.failures]
     warnings = [r.reason for r in report.warnings]
-    state.append("health", attempt=ctx.attempt, node=ctx.node, phase=phase,
-                 verdict=report.verdict, failures=failures, warnings=warnings,
-                 seconds=round(report.duration_s, 3),
-                 # what the version checks read: the manifest's software stack
-                 versions=[r.as_dict() for r in report.results if r.check in VERSION_CHECKS])
+    JobStore(state).record(ev.Health(
+        attempt=ctx.attempt, node=ctx.node, phase=phase, verdict=report.verdict,
+        failures=failures, warnings=warnings, seconds=round(report.duration_s, 3),
+        # what the version checks read: the manifest's software stack
+        versions=[r.as_dict() for r in report.results if r.check in VERSION_CHECKS]))
     if cfg.metrics.textfile:
         from wrapper import metrics
 
@@ -149,7 +157,8 @@ def remember_scontrol(cfg: Config, backend: SlurmBackend) -> None:
 
 
 def unchecked(cfg: Config, state: JobState, ctx: JobContext, error: JobwrapError, *,
-              what: str = "health.unavailable") -> None:
+              what: type[ev.HealthUnavailable | ev.ScratchUnavailable] = ev.HealthUnavailable
+              ) -> None:
     """The checks could not run (a broken probe or config): jobwrap's fault, not the node's.
 
     Re-raised when the site asked to drain on jobwrap's own failures; otherwise logged
@@ -157,5 +166,5 @@ def unchecked(cfg: Config, state: JobState, ctx: JobContext, error: JobwrapError
     """
     if cfg.hooks.on_internal_error == "drain":
         raise error
-    log.get().error(what, error=str(error), kind=type(error).__name__)
-    state.append(what, attempt=ctx.attempt, node=ctx.node, error=str(error))
+    log.get().error(what.KIND, error=str(error), kind=type(error).__name__)
+    JobStore(state).record(what(attempt=ctx.attempt, node=ctx.node, error=str(error)))

@@ -39,7 +39,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     if cfg.checks.prolog:
 
         try:
-            report = check_node(ctx, cfg, env, phase="prolog", backend=backend, state=state)
+            report = check_node(ctx, cfg, env, phase="prolog", backend=backend, state=state,
+                                services=services)
         except JobwrapError as exc:
             unchecked(cfg, state, ctx, exc)
         else:
@@ -75,9 +76,13 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     from wrapper.hooks import staging
 
     try:
-        staging.stage_in(ctx, cfg, state, record, deadline=started + cfg.hooks.prolog_budget)
+        staging.stage_job_in(ctx, cfg, state, record, deadline=started + cfg.hooks.prolog_budget)
     except JobwrapError as exc:  # no scratch root, say: the site's setup, not the node
-        unchecked(cfg, state, ctx, exc, what="scratch.unavailable")
+        unchecked(cfg, state, ctx, exc, what=ev.ScratchUnavailable)
+    if ctx.first_node and not record.options_error:
+        from wrapper.restart.resume import choose
+
+        choose(store, record, attempt=ctx.attempt, node=ctx.node)
     if ctx.first_node and cfg.supervisor.enabled and record.uid > 0:
         from wrapper.supervisor.launch import start
 

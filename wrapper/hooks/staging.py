@@ -1,5 +1,7 @@
-"""The hooks' side of staging: per-job scratch, stage-in in the prolog, stage-out and
-cleanup in the epilog, each recorded in the per-job state.
+"""The hooks' side of staging (``stage_job_in``, ``stage_job_out``, ``remove_job_scratch``:
+one job's, over ``wrapper.staging``'s ``stage_in``, ``stage_out``, ``remove_scratch``):
+per-job scratch, stage-in in the prolog, stage-out and cleanup in the epilog, each
+recorded in the per-job state.
 
 A stage-in that fails is the job's problem (a source it cannot read, a dataset too big
 for the node): it is recorded, the node stays in service, and the job's batch step is
@@ -16,6 +18,9 @@ from typing import TYPE_CHECKING
 from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
+from wrapper.job.paths import JobPaths
+from wrapper.job.store import JobStore
 from wrapper.jobrecord import JobRecord
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
@@ -31,12 +36,6 @@ def _user(record: JobRecord) -> UserIds:
     from wrapper.osl.users import UserIds
 
     return UserIds.for_job(record.user, record.uid, record.gid)
-
-
-def scratch_path(cfg: Config, job_id: str) -> Path:
-    from wrapper.job.paths import JobPaths
-
-    return JobPaths.of(cfg, job_id).scratch
 
 
 def _progress(direction: str) -> Callable[[Progress], None]:
@@ -55,7 +54,7 @@ def _progress(direction: str) -> Callable[[Progress], None]:
     return report
 
 
-def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
+def stage_job_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
              deadline: float) -> None:
     """Make the job's scratch on this node and stage its --stage-in directives into it."""
     from wrapper.staging.scratch import prepare_scratch
@@ -66,11 +65,10 @@ def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *
     if not directives or record.options_error:
         return
     # The copy engine and the cache only for a job that stages something.
-    from wrapper.staging import Cache, StageSettings, StagingError, parse_stage_in
-    from wrapper.staging import stage_in as copy_in
+    from wrapper.staging import Cache, StageSettings, StagingError, parse_stage_in, stage_in
 
     def attempt(cache: Cache | None) -> StageReport:
-        return copy_in([parse_stage_in(d) for d in directives], scratch=scratch, user=user,
+        return stage_in([parse_stage_in(d) for d in directives], scratch=scratch, user=user,
                        cache=cache, settings=StageSettings.from_config(cfg.staging),
                        progress=_progress("in"), work_dir=record.work_dir,
                        timeout=max(1.0, deadline - time.monotonic()))
@@ -84,18 +82,18 @@ def stage_in(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *
                 raise
             # The node's cache is the site's problem, not the job's: stage without it.
             log.get().error("staging.cache_unusable", error=str(exc))
-            state.append("staging.cache_unusable", attempt=ctx.attempt, node=ctx.node,
-                         error=str(exc))
+            JobStore(state).record(ev.StagingCacheUnusable(
+                attempt=ctx.attempt, node=ctx.node, error=str(exc)))
             report = attempt(None)
     except JobwrapError as exc:
         log.get().warning("staging.in_failed", error=str(exc))
-        state.append("staging.failed", attempt=ctx.attempt, node=ctx.node, direction="in",
-                     error=str(exc))
+        JobStore(state).record(ev.StagingFailed(attempt=ctx.attempt, node=ctx.node,
+                                                direction="in", error=str(exc)))
         return
     _record(ctx, cfg, state, "in", report)
 
 
-def stage_out(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
+def stage_job_out(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, *,
               deadline: float) -> list[str]:
     """Copy the job's --stage-out directives back, whatever the job's outcome.
 
@@ -103,22 +101,21 @@ def stage_out(ctx: JobContext, cfg: Config, state: JobState, record: JobRecord, 
     stage); the caller then keeps the scratch (``keep_results``) instead of removing it.
     A directive whose SRC the job never made is no problem: there is nothing to keep.
     """
-    from wrapper.staging import StageSettings, parse_stage_out
-    from wrapper.staging import stage_out as copy_out
+    from wrapper.staging import StageSettings, parse_stage_out, stage_out
 
     directives = record.job_options.stage_out
-    scratch = scratch_path(cfg, ctx.job_id)
+    scratch = JobPaths.of(cfg, ctx.job_id).scratch
     if not directives or record.options_error or not scratch.is_dir():
         return []
     try:
-        report = copy_out([parse_stage_out(d) for d in directives], scratch=scratch,
+        report = stage_out([parse_stage_out(d) for d in directives], scratch=scratch,
                           user=_user(record), settings=StageSettings.from_config(cfg.staging),
                           progress=_progress("out"), work_dir=record.work_dir,
                           timeout=max(1.0, deadline - time.monotonic()))
     except JobwrapError as exc:
         log.get().error("staging.out_failed", error=str(exc))
-        state.append("staging.failed", attempt=ctx.attempt, node=ctx.node, direction="out",
-                     error=str(exc))
+        JobStore(state).record(ev.StagingFailed(attempt=ctx.attempt, node=ctx.node,
+                                                direction="out", error=str(exc)))
         return [str(exc)]
     _record(ctx, cfg, state, "out", report)
     problems = [p for item in report.items for p in item.problems]
@@ -141,12 +138,12 @@ def keep_results(ctx: JobContext, cfg: Config, state: JobState, record: JobRecor
     kept = quarantine_scratch(Path(cfg.paths.scratch_root), ctx.job_id,
                               f"attempt{ctx.attempt}")
     if kept is None:  # no scratch folder left to keep
-        remove_scratch(ctx, cfg, state)
+        remove_job_scratch(ctx, cfg, state)
         return
     until = time.time() + cfg.staging.kept_results_days * 86400
     shown_until = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(until))
-    state.append("staging.kept", attempt=ctx.attempt, node=ctx.node, path=str(kept),
-                 until=round(until), problems=problems[:20])
+    JobStore(state).record(ev.StagingKept(attempt=ctx.attempt, node=ctx.node, path=str(kept),
+                                          until=round(until), problems=problems[:20]))
     log.get().error("staging.results_kept", path=str(kept), until=shown_until,
                     problems=problems[:10])
     if not record.stdout:
@@ -180,24 +177,26 @@ def prune_kept(cfg: Config) -> None:
         log.get().info("staging.kept_pruned", jobs=removed)
 
 
-def remove_scratch(ctx: JobContext, cfg: Config, state: JobState) -> None:
+def remove_job_scratch(ctx: JobContext, cfg: Config, state: JobState) -> None:
     """Remove this node's scratch of the job, never following a link out of it."""
-    from wrapper.staging import remove_scratch as remove
+    from wrapper.staging import remove_scratch
 
-    scratch = scratch_path(cfg, ctx.job_id)
+    scratch = JobPaths.of(cfg, ctx.job_id).scratch
     if not scratch.exists() and not scratch.is_symlink():
         return
-    removal = remove(scratch)
-    state.append("scratch.removed", attempt=ctx.attempt, node=ctx.node, files=removal.files,
-                 dirs=removal.dirs, left=removal.left, complete=removal.complete)
+    removal = remove_scratch(scratch)
+    JobStore(state).record(ev.ScratchRemoved(
+        attempt=ctx.attempt, node=ctx.node, files=removal.files, dirs=removal.dirs,
+        left=removal.left, complete=removal.complete))
 
 
 def _record(ctx: JobContext, cfg: Config, state: JobState, direction: str,
             report: StageReport) -> None:
     hits = sum(1 for i in report.items if i.cache_hit)
     misses = sum(1 for i in report.items if i.cache_hit is False)
-    state.append(f"staging.{direction}", attempt=ctx.attempt, node=ctx.node, cache_hits=hits,
-                 **report.as_dict())
+    done = ev.StagingIn if direction == "in" else ev.StagingOut
+    JobStore(state).record(done(attempt=ctx.attempt, node=ctx.node, cache_hits=hits,
+                                extra=report.as_dict()))
     log.get().info(f"staging.{direction}.done", files=report.files, bytes=report.bytes,
                    seconds=round(report.seconds, 3), cache_hits=hits, missing=report.missing)
     if cfg.metrics.textfile:

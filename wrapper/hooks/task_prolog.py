@@ -45,14 +45,15 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         record = jobrecord.load(state)
     except JobwrapError as exc:
         log.get().warning("task-prolog.no_record", error=str(exc))
-    resume, step = _resume_point(ctx, cfg, record, batch=_is_batch(environ))
+    found = _resume_point(ctx, cfg, store, record, batch=_is_batch(environ))
+    resume = found.path if found else None
     values = exports(ctx, cfg, record, resume)
     # Export first: the job must get its variables even if what follows fails.
     for name, value in values.items():
         if "\n" not in value:
             out.write(f"export {name}={value}\n")
     if ctx.attempt > 0 and _is_batch(environ):
-        out.write(f"print {_banner(ctx, store, resume, step)}\n")
+        out.write(f"print {_banner(ctx, store, found)}\n")
     refused = store.staging_refusal(ctx.node, ctx.attempt)
     if refused:
         # The job's data is not there: running it would only fail later, less clearly.
@@ -81,25 +82,38 @@ def _is_batch(env: Mapping[str, str]) -> bool:
         env.get("SLURM_PROCID", "0") == "0"
 
 
-def _resume_point(ctx: JobContext, cfg: Config, record: jobrecord.JobRecord | None,
-                  batch: bool) -> tuple[str | None, int | None]:
-    """The latest valid checkpoint, read with this (the job user's) rights; attempts >= 1."""
+def _resume_point(ctx: JobContext, cfg: Config, store: JobStore,
+                  record: jobrecord.JobRecord | None, batch: bool) -> resume_mod.Found | None:
+    """Where this attempt resumes from (attempts >= 1): for the batch step, root's pick
+    (``resume.chosen``); else the latest valid checkpoint read with this (the job user's)
+    rights, suspects passed over."""
     if ctx.attempt < 1 or record is None or not record.checkpoint_dir:
-        return None, None
+        return None
+    events = store.events()
+    chosen = store.resumed_from(ctx.attempt, events) if batch else None
+    if chosen is not None:
+        return resume_mod.Found(chosen.path, chosen.step, mtime=chosen.mtime,
+                                passed_over=tuple(chosen.passed_over))
     # Before the batch script runs nothing is writing; later steps may be mid-write.
     settle = 0.0 if batch else cfg.supervisor.settle_seconds
-    found = resume_mod.latest(record.checkpoint_dir, record.job_options,
-                              settle_seconds=settle)
-    return (found.path, found.step) if found else (None, None)
+    suspects = [resume_mod.Suspect.of(e) for e in store.suspects(events)]
+    return resume_mod.latest(record.checkpoint_dir, record.job_options,
+                             settle_seconds=settle, suspects=suspects)
 
 
-def _banner(ctx: JobContext, store: JobStore, resume: str | None, step: int | None) -> str:
+def _banner(ctx: JobContext, store: JobStore, found: resume_mod.Found | None) -> str:
     end = store.last_end()
     why = ""
     if isinstance(end, ev.PrologUnhealthy):
         why = f" after node {end.node} failed its health check ({end.reason})"
     elif end is not None:
         why = f" after {end.kind} ({end.detail})"
-    where = f"resuming from {resume}" + (f" (step {step})" if step is not None else "") \
-        if resume else "no valid checkpoint: starting from the beginning"
+    if found is None:
+        where = "no valid checkpoint: starting from the beginning"
+    else:
+        step = f" (step {found.step})" if found.step is not None else ""
+        where = f"resuming from {found.path}{step}"
+        if found.passed_over:
+            where = f"falling back past the suspect checkpoint " \
+                    f"{', '.join(found.passed_over)}: {where}"
     return f"jobwrap: attempt {ctx.attempt}{why}; {where}"

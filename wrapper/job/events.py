@@ -126,14 +126,39 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+# -- shared shapes (not kinds themselves) --------------------------------------------------
+@dataclass(frozen=True)
+class _Failed(Event):
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class _HookContext(Event):
+    hook: str = ""
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Staged(Event):
+    OPEN: ClassVar[bool] = True
+    cache_hits: int = 0
+
+
+@dataclass(frozen=True)
+class _Faults(Event):
+    faults: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _BySupervisor(Event):
+    hook: str = "supervisor"
+
+
 # -- root's hooks ---------------------------------------------------------------------------
 @kind("prolog.context", writer="root")
 @dataclass(frozen=True)
-class PrologContext(Event):
+class PrologContext(_HookContext):
     """A prolog started on a node: the attempt begins (the attempt number's source)."""
-
-    hook: str = ""
-    context: dict[str, Any] = field(default_factory=dict)
 
 
 @kind("prolog.unhealthy", writer="root")
@@ -146,10 +171,8 @@ class PrologUnhealthy(Event):
 
 @kind("directives.invalid", writer="root")
 @dataclass(frozen=True)
-class DirectivesInvalid(Event):
+class DirectivesInvalid(_Failed):
     """The job's #JOBWRAP directives could not be parsed: the job is refused."""
-
-    error: str = ""
 
 
 @kind("health", writer="root")
@@ -167,18 +190,14 @@ class Health(Event):
 
 @kind("health.unavailable", writer="root")
 @dataclass(frozen=True)
-class HealthUnavailable(Event):
+class HealthUnavailable(_Failed):
     """The checks could not run (jobwrap's or the site's problem, not the node's)."""
-
-    error: str = ""
 
 
 @kind("scratch.unavailable", writer="root")
 @dataclass(frozen=True)
-class ScratchUnavailable(Event):
+class ScratchUnavailable(_Failed):
     """The job's scratch could not be made (the site's setup, not the node)."""
-
-    error: str = ""
 
 
 @kind("supervisor.started", writer="root")
@@ -191,20 +210,14 @@ class SupervisorStarted(Event):
 
 @kind("staging.in", writer="root")
 @dataclass(frozen=True)
-class StagingIn(Event):
+class StagingIn(_Staged):
     """Stage-in finished; the staging report's fields are in ``extra``."""
-
-    OPEN: ClassVar[bool] = True
-    cache_hits: int = 0
 
 
 @kind("staging.out", writer="root")
 @dataclass(frozen=True)
-class StagingOut(Event):
+class StagingOut(_Staged):
     """Stage-out finished; the staging report's fields are in ``extra``."""
-
-    OPEN: ClassVar[bool] = True
-    cache_hits: int = 0
 
 
 @kind("staging.failed", writer="root")
@@ -218,10 +231,8 @@ class StagingFailed(Event):
 
 @kind("staging.cache_unusable", writer="root")
 @dataclass(frozen=True)
-class StagingCacheUnusable(Event):
+class StagingCacheUnusable(_Failed):
     """The node's dataset cache failed; the job was staged without it."""
-
-    error: str = ""
 
 
 @kind("staging.kept", writer="root")
@@ -247,27 +258,20 @@ class ScratchRemoved(Event):
 
 @kind("epilog.context", writer="root")
 @dataclass(frozen=True)
-class EpilogContext(Event):
+class EpilogContext(_HookContext):
     """An epilog started on a node."""
-
-    hook: str = ""
-    context: dict[str, Any] = field(default_factory=dict)
 
 
 @kind("gpu.confirmed", writer="root")
 @dataclass(frozen=True)
-class GpuConfirmed(Event):
+class GpuConfirmed(_Faults):
     """Root's own probe confirmed a reported GPU fault."""
-
-    faults: list[str] = field(default_factory=list)
 
 
 @kind("gpu.not_confirmed", writer="root")
 @dataclass(frozen=True)
-class GpuNotConfirmed(Event):
+class GpuNotConfirmed(_Faults):
     """Root's own probe found no fault behind a reported one."""
-
-    faults: list[str] = field(default_factory=list)
 
 
 @kind("attempt.end", writer="root")
@@ -288,12 +292,35 @@ class AttemptEnd(Event):
     exclude: list[str] = field(default_factory=list)
 
 
+@kind("resume.chosen", writer="root")
+@dataclass(frozen=True)
+class ResumeChosen(Event):
+    """Root's pick of the checkpoint an attempt resumes from (the prolog, on the job's first
+    node, looks it up as the user); ``passed_over``: newer ones skipped as suspect."""
+
+    path: str = ""
+    step: int | None = None
+    mtime: float = 0.0
+    passed_over: list[str] = field(default_factory=list)
+
+
+@kind("checkpoint.suspect", writer="root")
+@dataclass(frozen=True)
+class CheckpointSuspect(Event):
+    """An attempt resumed from this checkpoint and failed, by its own fault, before a newer
+    one appeared: later attempts resume from an older one (nothing is deleted)."""
+
+    path: str = ""
+    step: int | None = None
+    mtime: float = 0.0
+    fallback: str = ""
+    reason: str = ""
+
+
 @kind("requeue.failed", writer="root")
 @dataclass(frozen=True)
-class RequeueFailed(Event):
+class RequeueFailed(_Failed):
     """Slurm refused the requeue the decision asked for."""
-
-    error: str = ""
 
 
 @kind("archive", writer="root")
@@ -325,10 +352,8 @@ class TaskPrologContext(Event):
 
 @kind("supervisor.start", writer="user")
 @dataclass(frozen=True)
-class SupervisorStart(Event):
+class SupervisorStart(_BySupervisor):
     """The supervisor began following the attempt."""
-
-    hook: str = "supervisor"
     pid: int = 0
     hang_timeout_s: float | None = None
     checkpoint_dir: str | None = None
@@ -336,10 +361,8 @@ class SupervisorStart(Event):
 
 @kind("supervisor.end", writer="user")
 @dataclass(frozen=True)
-class SupervisorEnd(Event):
+class SupervisorEnd(_BySupervisor):
     """The supervisor saw the attempt end (or a later one start)."""
-
-    hook: str = "supervisor"
     job_state: str = ""
     last_checkpoint: str | None = None
     step: int | None = None
@@ -347,10 +370,8 @@ class SupervisorEnd(Event):
 
 @kind("checkpoint", writer="user")
 @dataclass(frozen=True)
-class Checkpoint(Event):
+class Checkpoint(_BySupervisor):
     """A new valid checkpoint appeared."""
-
-    hook: str = "supervisor"
     path: str = ""
     step: int | None = None
     layout: str = ""
@@ -358,10 +379,8 @@ class Checkpoint(Event):
 
 @kind("hang", writer="user")
 @dataclass(frozen=True)
-class Hang(Event):
+class Hang(_BySupervisor):
     """No progress for the hang timeout: the supervisor ended the job (also a fact)."""
-
-    hook: str = "supervisor"
     idle_s: float = 0.0
     hang_timeout_s: float = 0.0
     last_checkpoint: str | None = None
@@ -369,19 +388,15 @@ class Hang(Event):
 
 @kind("gpu.fault", writer="user")
 @dataclass(frozen=True)
-class GpuFault(Event):
+class GpuFault(_BySupervisor):
     """The supervisor saw a GPU fault under the job and ended it (also a fact)."""
-
-    hook: str = "supervisor"
     reason: str = ""
 
 
 @kind("walltime.signal", writer="user")
 @dataclass(frozen=True)
-class WalltimeSignal(Event):
+class WalltimeSignal(_BySupervisor):
     """The supervisor sent the job its pre-timeout signal."""
-
-    hook: str = "supervisor"
     signal: str = ""
     seconds_left: int = 0
 

@@ -98,6 +98,18 @@ class JobStore:
                 if isinstance(e, (ev.AttemptEnd, ev.PrologUnhealthy))]
         return ends[-1] if ends else None
 
+    def resumed_from(self, attempt: int, events: Iterable[ev.Event] | None = None
+                     ) -> ev.ResumeChosen | None:
+        """The checkpoint root chose for ``attempt`` to resume from (None: none chosen)."""
+        chosen = [e for e in self._root(events)
+                  if isinstance(e, ev.ResumeChosen) and e.attempt == attempt and e.path]
+        return chosen[-1] if chosen else None
+
+    def suspects(self, events: Iterable[ev.Event] | None = None) -> list[ev.CheckpointSuspect]:
+        """The checkpoints root judged suspect, oldest verdict first."""
+        return [e for e in self._root(events)
+                if isinstance(e, ev.CheckpointSuspect) and e.path]
+
     def prolog_failed_here(self, node: str) -> bool:
         """This node's last prolog event is its failed health check (the job never ran)."""
         mine = [e for e in self.root_events() if e.node == node

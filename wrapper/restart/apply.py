@@ -45,6 +45,22 @@ def record(store: JobStore, ctx: JobContext, verdict: Classification, decision: 
                    reason=decision.reason)
 
 
+def record_suspect(store: JobStore, ctx: JobContext, verdict: Classification,
+                   gathered: Gathered) -> None:
+    """Root's verdict that the checkpoint this attempt resumed from is suspect (before the
+    attempt's end, so that the next attempt's prolog passes it over)."""
+    bad, older = gathered.resumed, gathered.older
+    if bad is None:
+        return
+    store.record(ev.CheckpointSuspect(
+        attempt=ctx.attempt, node=ctx.node, path=bad.path, step=bad.step, mtime=bad.mtime,
+        fallback=older.path if older else "",
+        reason=f"attempt {ctx.attempt} resumed from it and failed ({verdict.kind}: "
+               f"{verdict.detail}) before a newer checkpoint appeared"))
+    log.get().warning("epilog.checkpoint_suspect", path=bad.path,
+                      fallback=older.path if older else None)
+
+
 def requeue(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend,
             decision: Decision, spawn: Spawner | None = None) -> bool:
     """Requeue the job and start its release; a refusal is recorded, never raised."""

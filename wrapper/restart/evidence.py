@@ -9,9 +9,10 @@ without touching anything.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from wrapper import log
 from wrapper.errors import JobwrapError
@@ -19,7 +20,7 @@ from wrapper.job import events as ev
 from wrapper.restart import signals as outcome_signals
 from wrapper.restart.classify import Evidence, reports_gpu_fault
 from wrapper.restart.policy import PastAttempt
-from wrapper.restart.resume import Found
+from wrapper.restart.resume import Found, Suspect
 from wrapper.slurm.records import SlurmJob
 
 if TYPE_CHECKING:
@@ -43,7 +44,11 @@ class Gathered:
     job: SlurmJob  # Slurm's record (empty fields when Slurm could not be asked)
     info: dict[str, str] = field(default_factory=dict)  # the raw record, for the archive
     history: list[PastAttempt] = field(default_factory=list)
-    checkpoint: Found | None = None
+    checkpoint: Found | None = None  # the latest valid one, suspects passed over
+    # The checkpoint this attempt resumed from (root's pick) when nothing newer appeared
+    # since, and the newest valid one older than it: where a fallback would resume.
+    resumed: Found | None = None
+    older: Found | None = None
 
 
 def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
@@ -78,7 +83,10 @@ def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
     history = [PastAttempt(e.attempt, e.kind, e.signature, e.checkpoint_step,
                            e.checkpoint_path)
                for e in store.history(ctx.attempt, events)]
-    return Gathered(evidence, job, info, history, latest_checkpoint(record, user))
+    suspects = [Suspect.of(e) for e in store.suspects(events)]
+    checkpoint = latest_checkpoint(record, user, suspects)
+    resumed, older = _fallback(ctx, store, record, user, events, suspects, checkpoint)
+    return Gathered(evidence, job, info, history, checkpoint, resumed, older)
 
 
 def _refusal(store: JobStore, attempt: int, events: list[ev.Event]) -> str:
@@ -128,27 +136,28 @@ def _confirm_gpu_fault(ctx: JobContext, cfg: Config, store: JobStore,
     return bool(faults)
 
 
-def latest_checkpoint(record: JobRecord, user: UserIds) -> Found | None:
-    """The latest valid checkpoint, looked up with the job user's rights."""
-    if not record.checkpoint_dir:
-        return None
-    from wrapper.osl.child import call_as
+def latest_checkpoint(record: JobRecord, user: UserIds,
+                      suspects: Sequence[Suspect] = ()) -> Found | None:
+    """The latest valid checkpoint not passed over as suspect, looked up as the job user."""
+    from wrapper.restart.resume import latest_as
 
-    try:
-        found: dict[str, Any] | None = call_as(user, _find, record.checkpoint_dir,
-                                               record.job_options.checkpoint_glob,
-                                               record.job_options.checkpoint_marker)
+    try:  # the job has ended: nothing is still writing, so no settle time is needed
+        return latest_as(user, record.checkpoint_dir, record.job_options, suspects=suspects,
+                         timeout=USER_IO_TIMEOUT)
     except JobwrapError as exc:
         log.get().warning("epilog.checkpoints_unreadable", error=str(exc))
         return None
-    return Found(found["path"], found["step"], found["layout"]) if found else None
 
 
-def _find(directory: str, glob: str | None, marker: str | None) -> dict[str, Any] | None:
-    from wrapper.directives import JobOptions
-    from wrapper.restart.resume import latest
-
-    # The job has ended: nothing is still writing, so no settle time is needed.
-    found = latest(directory, JobOptions(checkpoint_glob=glob, checkpoint_marker=marker))
-    # Plain data back across the user-rights child's pipe.
-    return {"path": found.path, "step": found.step, "layout": found.layout} if found else None
+def _fallback(ctx: JobContext, store: JobStore, record: JobRecord, user: UserIds,
+              events: list[ev.Event], suspects: list[Suspect], latest: Found | None
+              ) -> tuple[Found | None, Found | None]:
+    """The checkpoint root chose for this attempt when no newer one has appeared since (it
+    may be suspect), and the newest valid one older than it (where a fallback would go)."""
+    chosen = store.resumed_from(ctx.attempt, events)
+    if chosen is None or latest is None or latest.path != chosen.path \
+            or latest.mtime != chosen.mtime:
+        return None, None  # nothing resumed, or progress since: nothing to suspect
+    resumed = Found(chosen.path, chosen.step, mtime=chosen.mtime)
+    now = Suspect(chosen.path, chosen.step, chosen.mtime, time.time())
+    return resumed, latest_checkpoint(record, user, [*suspects, now])

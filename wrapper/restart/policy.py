@@ -6,6 +6,12 @@ Rules, in order: never after success or a cancel, never with --no-requeue; never
 attempts made no checkpoint progress (faults that are not the job's own, such as a
 GPU fault or a node failure, do not count against it). A hardware fault also drains
 the node (done by the post-job check) and excludes it for this job.
+
+Falling back: an attempt that resumed from checkpoint C and failed by the job's own
+kind of failure (``FALLBACK_KINDS``) before a newer checkpoint appeared makes C suspect
+(``suspect``); when an older valid checkpoint exists the job is requeued to resume from
+it, before the same-error and no-progress rules may stop it (the restart limit and
+--no-requeue still hold).
 """
 
 from __future__ import annotations
@@ -15,12 +21,25 @@ from dataclasses import dataclass, field
 from wrapper.restart.classify import (
     CANCELLED,
     HARDWARE,
+    HOST_OOM,
     NODE_FAILURE,
     NOT_THE_JOBS_FAULT,
     SUCCESS,
     USER_ERROR,
     Classification,
 )
+
+# The failures that say the job's code or data failed (a bad checkpoint can crash the
+# resume or exhaust memory loading it); not hardware, preemption, a kill or a timeout.
+FALLBACK_KINDS = frozenset({USER_ERROR, HOST_OOM})
+
+
+def suspect(now: Classification, *, resumed_from: str | None,
+            checkpoint_path: str | None) -> bool:
+    """The checkpoint this attempt resumed from is suspect: it failed by its own kind of
+    failure and the latest valid checkpoint is still the one it resumed from."""
+    return (now.kind in FALLBACK_KINDS and resumed_from is not None
+            and checkpoint_path == resumed_from)
 
 
 @dataclass(frozen=True)
@@ -45,8 +64,12 @@ class Decision:
 
 def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: bool,
            history: list[PastAttempt], checkpoint_step: int | None,
-           checkpoint_path: str | None, node: str, no_progress_limit: int = 2) -> Decision:
-    """Decide for the attempt that just ended (``attempt``: 0 for the first run)."""
+           checkpoint_path: str | None, node: str, no_progress_limit: int = 2,
+           fallback: tuple[str, str] | None = None) -> Decision:
+    """Decide for the attempt that just ended (``attempt``: 0 for the first run).
+
+    ``fallback``: (the suspect checkpoint, the older one to resume from) when ``suspect``
+    holds and an older valid checkpoint exists."""
     if now.kind == SUCCESS:
         return Decision("done", "the job succeeded")
     if now.kind == CANCELLED:
@@ -58,6 +81,11 @@ def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: 
     if attempt >= max_restarts:
         return Decision("stop", f"{now.kind}: restart limit reached ({attempt} of "
                         f"--max-restarts={max_restarts}); fix the cause and resubmit")
+    if fallback is not None:
+        bad, older = fallback
+        return Decision("requeue", f"{now.kind} ({now.detail}) right after resuming from "
+                        f"{bad}: that checkpoint is suspect; requeued as attempt "
+                        f"{attempt + 1} of at most {max_restarts}; falls back to {older}")
     previous = history[-1] if history else None
     if (now.kind == USER_ERROR and previous is not None and previous.kind == USER_ERROR
             and previous.signature == now.signature):

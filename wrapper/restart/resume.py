@@ -1,20 +1,32 @@
 """Where an attempt resumes from, and the JOBWRAP_* variables that tell the job.
 
-The one owner of the latest-checkpoint lookup (``latest``) and of the variables the job
-sees (``exports``), for the task-prolog, ``jobwrap run`` and the supervisor alike, and
-of the restart limit's fallback to the site's default (``max_restarts``).
+The one owner of the latest-checkpoint lookup (``latest``, and ``latest_as`` with the job
+user's rights for root's hooks) and of the variables the job sees (``exports``), for the
+task-prolog, ``jobwrap run`` and the supervisor alike, and of the restart limit's fallback
+to the site's default (``max_restarts``).
+
+Falling back: a checkpoint root judged suspect (an attempt resumed from it and failed by
+its own fault before a newer one appeared; ``wrapper.job.events.CheckpointSuspect``) is
+passed over, and so is anything newer than it that already existed when it was judged
+(``passed_over``). What is written after the verdict (the fallback attempt's progress, or
+the suspect's file rewritten) counts again. Nothing is ever deleted.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from wrapper.checkpoints import Checkpoint
     from wrapper.config import Config
     from wrapper.directives import JobOptions
+    from wrapper.job.events import CheckpointSuspect
+    from wrapper.job.store import JobStore
+    from wrapper.jobrecord import JobRecord
+    from wrapper.osl.users import UserIds
 
 ATTEMPT = "JOBWRAP_ATTEMPT"
 SCRATCH = "JOBWRAP_SCRATCH"
@@ -29,6 +41,49 @@ class Found:
     path: str
     step: int | None
     layout: str = ""
+    mtime: float = 0.0
+    passed_over: tuple[str, ...] = ()  # newer complete checkpoints skipped as suspect
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "step": self.step, "layout": self.layout,
+                "mtime": self.mtime, "passed_over": list(self.passed_over)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Found:
+        return cls(str(data["path"]), data.get("step"), str(data.get("layout", "")),
+                   float(data.get("mtime", 0.0)), tuple(data.get("passed_over", ())))
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """A checkpoint judged suspect at ``marked_at`` (root's clock, seconds since the epoch)."""
+
+    path: str
+    step: int | None
+    mtime: float
+    marked_at: float
+
+    @classmethod
+    def of(cls, event: CheckpointSuspect) -> Suspect:
+        return cls(event.path, event.step, event.mtime, event.ts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "step": self.step, "mtime": self.mtime,
+                "marked_at": self.marked_at}
+
+
+def why_passed_over(path: str, step: int | None, mtime: float,
+                    suspects: Iterable[Suspect]) -> str | None:
+    """Why a complete checkpoint is not resumed from (None: it may be)."""
+    for s in suspects:
+        if mtime > s.marked_at:
+            continue  # written after the verdict: new progress, or the suspect rewritten
+        if path == s.path:
+            return "suspect: an attempt resumed from it and failed before a newer one appeared"
+        newer = step > s.step if step is not None and s.step is not None else mtime > s.mtime
+        if newer:
+            return f"newer than the suspect checkpoint {s.path}"
+    return None
 
 
 def max_restarts(options: JobOptions, cfg: Config) -> int:
@@ -37,9 +92,10 @@ def max_restarts(options: JobOptions, cfg: Config) -> int:
         else cfg.restart.max_restarts
 
 
-def latest(directory: str | None, options: JobOptions, *, settle_seconds: float = 0.0
-           ) -> Found | None:
-    """The latest valid checkpoint in ``directory`` (read with the caller's rights).
+def latest(directory: str | None, options: JobOptions, *, settle_seconds: float = 0.0,
+           suspects: Sequence[Suspect] = ()) -> Found | None:
+    """The latest valid checkpoint in ``directory`` (read with the caller's rights),
+    passing over ``suspects`` and what is newer than them.
 
     ``settle_seconds`` 0 when nothing can be writing (between attempts, before the
     batch script runs); the supervisor's settle time while the job may be mid-write.
@@ -48,9 +104,43 @@ def latest(directory: str | None, options: JobOptions, *, settle_seconds: float 
         return None
     from wrapper.checkpoints import latest_valid
 
+    passed: list[str] = []
+
+    def reject(found: Checkpoint) -> str | None:
+        why = why_passed_over(found.path, found.step, found.mtime, suspects)
+        if why:
+            passed.append(found.path)
+        return why
+
     found = latest_valid(directory, glob=options.checkpoint_glob,
-                         marker=options.checkpoint_marker, settle_seconds=settle_seconds).latest
-    return Found(found.path, found.step, found.layout) if found else None
+                         marker=options.checkpoint_marker, settle_seconds=settle_seconds,
+                         reject=reject if suspects else None).latest
+    return Found(found.path, found.step, found.layout, found.mtime, tuple(passed)) \
+        if found else None
+
+
+def latest_as(user: UserIds, directory: str | None, options: JobOptions, *,
+              suspects: Sequence[Suspect] = (), timeout: float = 10.0) -> Found | None:
+    """``latest`` with the job user's rights (root's hooks: the user's directory), once
+    the job has stopped writing. Raises JobwrapError when it cannot be looked up."""
+    if not directory:
+        return None
+    from wrapper.osl.child import call_as
+
+    found = call_as(user, _latest_plain, directory, options.checkpoint_glob,
+                    options.checkpoint_marker, [s.as_dict() for s in suspects],
+                    timeout=timeout)
+    return Found.from_dict(found) if found else None
+
+
+def _latest_plain(directory: str, glob: str | None, marker: str | None,
+                  suspects: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """In the user's child: plain data in and out across its pipe."""
+    from wrapper.directives import JobOptions
+
+    found = latest(directory, JobOptions(checkpoint_glob=glob, checkpoint_marker=marker),
+                   suspects=[Suspect(**s) for s in suspects])
+    return found.as_dict() if found else None
 
 
 def exports(*, attempt: int, scratch: str | None, checkpoint_dir: str | None,
@@ -76,3 +166,29 @@ def environ(base: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str
 
 def absolute(path: str) -> str:
     return os.path.abspath(path)
+
+
+def choose(store: JobStore, record: JobRecord, *, attempt: int, node: str,
+           timeout: float = 10.0) -> Found | None:
+    """Root's pick, for the prolog of a requeued attempt on the job's first node: the
+    checkpoint it resumes from, looked up as the user and recorded as root's fact
+    (``resume.chosen``), which the task-prolog exports and the epilog judges."""
+    from wrapper import log
+    from wrapper.errors import JobwrapError
+    from wrapper.job import events as ev
+    from wrapper.osl.users import UserIds
+
+    if attempt < 1 or not record.checkpoint_dir:
+        return None
+    suspects = [Suspect.of(e) for e in store.suspects()]
+    try:
+        found = latest_as(UserIds.of(record.uid, record.gid), record.checkpoint_dir,
+                          record.job_options, suspects=suspects, timeout=timeout)
+    except JobwrapError as exc:  # the task-prolog looks for itself, as before
+        log.get().warning("prolog.checkpoints_unreadable", error=str(exc))
+        return None
+    if found is not None:
+        store.record(ev.ResumeChosen(attempt=attempt, node=node, path=found.path,
+                                     step=found.step, mtime=found.mtime,
+                                     passed_over=list(found.passed_over)))
+    return found

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from wrapper.job import events as ev
 from wrapper.runner import Runner
 from wrapper.sandbox.cluster import TERMINAL_STATES, Cluster, SandboxError
 from wrapper.state import JobState
@@ -156,7 +157,7 @@ def staging(cluster: Cluster, echo: Echo) -> dict[str, Any]:
         echo(f"{label}: {job_id} on {node}")
         wait_job(cluster, echo, job_id, timeout=60)
         [event] = [e for e in JobState(cluster.state_dir, job_id).events()
-                   if e.get("event") == "staging.in"] or [{}]
+                   if e.get("event") == ev.StagingIn.KIND] or [{}]
         echo(f"  staged in {event.get('files')} files, {event.get('bytes')} bytes in "
              f"{event.get('seconds')} s; cache hits {event.get('cache_hits')}")
         echo("  " + read(cluster.work / f"stage-{job_id}.out"))

@@ -5,7 +5,8 @@ Each step adds the step number to a running sum and writes a checkpoint atomical
 JOBWRAP_RESUME_FROM. An uninterrupted run of N steps ends with sum N*(N+1)/2: any lost
 or repeated step shows in the final line. CRASH_AT=K with CRASH_HOW makes the first
 attempt fail at step K: exit, kill (SIGKILL), hang (SIGSTOP), truncate (cut the newest
-checkpoint, then exit), always (exit at the first step of every attempt).
+checkpoint, then exit), always (exit at the first step of every attempt), poison (write
+a checkpoint that loads but crashes the resume, then exit).
 """
 
 import json
@@ -29,6 +30,8 @@ def main() -> None:
     if resume:
         with zipfile.ZipFile(resume) as archive:
             saved = json.loads(archive.read("state.json"))
+        if saved.get("poison"):
+            raise ValueError(f"poisoned checkpoint {resume}")
         start, total = saved["step"], saved["sum"]
     print(f"attempt={attempt} resume={resume} start={start}", flush=True)
     for step in range(start + 1, steps + 1):
@@ -36,7 +39,9 @@ def main() -> None:
         final = os.path.join(ckdir, f"epoch=0-step={step}.ckpt")
         tmp = os.path.join(ckdir, f".step={step}.ckpt.tmp")
         with zipfile.ZipFile(tmp, "w") as archive:
-            archive.writestr("state.json", json.dumps({"step": step, "sum": total}))
+            poison = crash_how == "poison" and step == crash_at and attempt == "0"
+            archive.writestr("state.json", json.dumps({"step": step, "sum": total,
+                                                       "poison": poison}))
             archive.writestr("weights.bin", os.urandom(4096))
         os.replace(tmp, final)
         print(f"step {step} sum {total}", flush=True)
