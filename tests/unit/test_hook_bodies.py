@@ -79,7 +79,11 @@ def test_a_healthy_prolog_records_the_job_once_and_checks_through_the_probe_seam
     [health] = [e for e in store.root_events() if isinstance(e, ev.Health)]
     assert health.verdict == "pass" and health.phase == "prolog"
     assert store.script() == script("")  # kept: the epilog's archive asks Slurm no more
-    assert [c for c in slurm.calls if c[0] in ("requeue", "drain")] == [] and spawned == []
+    assert [c for c in slurm.calls if c[0] in ("requeue", "drain")] == []
+    # only this node's root fault feed, for this job, its node and its GPUs
+    [watcher] = spawned
+    assert list(watcher[watcher.index("wrapper.watch"):]) == [
+        "wrapper.watch", JOB, "--node", "n1", "--attempt", "0", "--gpus", "0,1"]
     assert jobrecord.load(store.state).stdout == str(tmp_path / "out")
 
 
@@ -103,7 +107,8 @@ def test_bad_directives_are_the_users_and_the_task_prolog_refuses_the_job(
     assert prolog.run(ctx_of("prolog"), cfg, io.StringIO(), {}, services) == EXIT_OK
     [invalid] = [e for e in JobStore.of(cfg, JOB).root_events()
                  if isinstance(e, ev.DirectivesInvalid)]
-    assert "max-restarts" in invalid.error and spawned == []
+    assert "max-restarts" in invalid.error
+    assert [argv for argv in spawned if "wrapper.watch" not in argv] == []  # no release
     out = io.StringIO()
     code = task_prolog.run(ctx_of("task-prolog"), cfg, out,
                            {"SLURM_STEP_ID": "batch", "SLURM_PROCID": "0"}, Services(cfg))

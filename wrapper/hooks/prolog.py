@@ -90,6 +90,6 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
         store.record(ev.SupervisorStarted(attempt=ctx.attempt, node=ctx.node, how=how))
     from wrapper.watch import process as watch
 
-    watch.start(ctx, cfg, state)  # this node's root fault feed (wrapper/watch/)
+    watch.start(ctx, cfg, state, services.spawn)  # this node's root fault feed (wrapper/watch/)
     logger.info("prolog.done", gpus=ctx.gpus)
     return EXIT_OK

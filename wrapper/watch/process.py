@@ -12,7 +12,7 @@ import argparse
 import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from wrapper import log
 from wrapper.config import Config
@@ -31,8 +31,10 @@ def pid_file(node: str) -> str:
     return f"watch-{node}.json"
 
 
-def start(ctx: JobContext, cfg: Config, state: JobState) -> str | None:
-    """Start the watcher of this node (prolog, root); returns how, None when not started."""
+def start(ctx: JobContext, cfg: Config, state: JobState,
+          spawn: Callable[[Sequence[str]], object] | None = None) -> str | None:
+    """Start the watcher of this node (prolog, root); returns how, None when not started.
+    ``spawn`` (the hook's injected spawner, a fake in unit tests) replaces the detach."""
     if not cfg.supervisor.node_watch or not ctx.gpus or os.geteuid() != 0:
         return None
     import sys
@@ -41,6 +43,9 @@ def start(ctx: JobContext, cfg: Config, state: JobState) -> str | None:
 
     argv = [sys.executable, "-I", "-m", MODULE, ctx.job_id, "--node", ctx.node,
             "--attempt", str(ctx.attempt), "--gpus", ",".join(map(str, ctx.gpus))]
+    if spawn is not None:
+        spawn(argv)
+        return "spawned"
     pid = detach.spawn(argv, detach.hook_env(cfg.source))
     state.append("watch.started", attempt=ctx.attempt, node=ctx.node, pid=pid)
     return f"detached:{pid}"
