@@ -4,8 +4,9 @@
 ``[{user, job_id, path, updated_at, size, complete, name, attempts}]``; ``archive show``
 prints the manifest itself (docs/manifest.md); ``archive prune`` prints the removals,
 each an archive of ``list`` plus ``reason`` (age | size); ``status`` prints
-``{job_id, state, source, attempts: [AttemptSummary]}`` (source: "state" when read from
-this node's per-job state, "archive" when read from the job's manifest).
+``{job_id, state, source, attempts: [AttemptSummary], goodput: Ledger}`` (source:
+"state" when read from this node's per-job state, "archive" when read from the
+job's manifest).
 """
 
 from __future__ import annotations
@@ -132,12 +133,16 @@ def status(job_id: str, as_json: bool) -> None:
                                  f"({cfg.paths.archive_root})") from None
         attempts = [status_mod.AttemptSummary.from_dict(a) for a in manifest.get("attempts")
                     or []]
+    from wrapper.goodput import accounting, view
+
+    ledger = accounting.account(accounting.from_summaries(attempts), now=time.time())
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "state": status_mod.job_state(attempts)
                                if attempts else None, "source": source,
-                               "attempts": [a.as_dict() for a in attempts]}, indent=2))
+                               "attempts": [a.as_dict() for a in attempts],
+                               "goodput": ledger.as_dict()}, indent=2))
     else:
-        click.echo(status_mod.render(job_id, attempts), nl=False)
+        click.echo(status_mod.render(job_id, attempts) + view.render(ledger), nl=False)
 
 
 # -- helpers -------------------------------------------------------------------------------

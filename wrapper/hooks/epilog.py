@@ -190,6 +190,10 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
                       checkpoint_path=checkpoint.get("path") if checkpoint else None,
                       node=ctx.node, no_progress_limit=cfg.restart.no_progress_limit)
     _record(state, ctx, verdict, decision, checkpoint, evidence)
+    from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
+
+    after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
+                  decision=decision.action, reason=decision.reason)
     if cfg.metrics.textfile and verdict.kind != "success":
         from wrapper import metrics
 
