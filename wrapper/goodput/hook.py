@@ -20,10 +20,15 @@ if TYPE_CHECKING:
 
 
 def after_attempt(cfg: Config, state: JobState, *, attempt: int, node: str, kind: str,
-                  decision: str, reason: str = "") -> Ledger | None:
+                  decision: str, reason: str = "", user: str = "") -> Ledger | None:
     """Account, export, notify, annotate; returns the ledger (None when it failed)."""
     from wrapper.errors import JobwrapError
 
+    if decision in ("requeue", "stop"):
+        from wrapper.notify import notify
+
+        notify(cfg, decision, job_id=state.job_id, attempt=attempt, node=node,
+               failure_class=kind, user=user, reason=reason)
     try:
         ledger = ledger_of(state)
     except (JobwrapError, OSError, ValueError) as exc:

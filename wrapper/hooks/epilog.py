@@ -193,7 +193,7 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
     from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
 
     after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
-                  decision=decision.action, reason=decision.reason)
+                  decision=decision.action, reason=decision.reason, user=record.user)
     if cfg.metrics.textfile and verdict.kind != "success":
         from wrapper import metrics
 
