@@ -135,7 +135,10 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
     elif name == "checkpoint":
         path, step = _str(event.get("path")), _int(event.get("step"))
         summary.checkpoints += 1
-        summary.checkpoint_list.append({"path": path, "step": step, "ts": ts})
+        entry = {"path": path, "step": step, "ts": ts}
+        if _float(event.get("save_s")) is not None:  # how long saving it took, when measured
+            entry["save_s"] = _float(event.get("save_s"))
+        summary.checkpoint_list.append(entry)
         summary.latest_checkpoint, summary.latest_step = path, step
     elif name in _INCIDENTS and (by_root or name not in _ROOT_ONLY):
         summary.incidents.append(_incident(name, event))

@@ -46,6 +46,8 @@ RUNNING_CLASS = "running"
 class Checkpoint:
     ts: float
     step: int | None = None
+    save_s: float | None = None  # seconds its save took, when measured
+    path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ class Ledger:
     lost_by_class: dict[str, float] = field(default_factory=dict)
     gaps_by_class: dict[str, list[float]] = field(default_factory=dict)
     checkpoint_interval_s: float | None = None  # median over the job
+    save_s: float | None = None  # median measured save time of its checkpoints
+    latest_checkpoint: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,7 +116,7 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
                                                                     previous_end)
         end = attempt.ended_at if attempt.ended_at is not None else (now if last else start)
         end = max(end, start)
-        points = sorted((Checkpoint(min(max(c.ts, start), end), c.step)
+        points = sorted((Checkpoint(min(max(c.ts, start), end), c.step, c.save_s, c.path)
                          for c in attempt.checkpoints), key=lambda c: c.ts)
         progress = _clamp(_first_progress(attempt, points, rate), start, end)
         kind = attempt.kind or (RUNNING_CLASS if attempt.ended_at is None and last
@@ -143,6 +147,10 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
     ledger.ettr = min(1.0, ledger.productive_s / ledger.wall_s) if ledger.wall_s > 0 else 0.0
     intervals = [a.save_interval_s for a in ledger.attempts if a.save_interval_s is not None]
     ledger.checkpoint_interval_s = _median(intervals) if intervals else None
+    saves = [c.save_s for a in ordered for c in a.checkpoints if c.save_s is not None]
+    ledger.save_s = _median(saves) if saves else None
+    paths = [c for a in ordered for c in a.checkpoints if c.path]
+    ledger.latest_checkpoint = max(paths, key=lambda c: c.ts).path if paths else None
     return ledger
 
 
@@ -161,7 +169,9 @@ def from_summaries(summaries: Iterable[AttemptSummary | dict[str, Any]]) -> list
         for c in data.get("checkpoint_list") or []:
             ts = _num(c.get("ts")) if isinstance(c, dict) else None
             if ts is not None:
-                points.append(Checkpoint(ts, _int(c.get("step"))))
+                path = c.get("path")
+                points.append(Checkpoint(ts, _int(c.get("step")), _num(c.get("save_s")),
+                                         str(path) if path else None))
         ended = _num(data.get("ended_at")) if data.get("status") == "ended" else None
         kind = data.get("outcome")
         out.append(Attempt(number=number, started_at=start, ended_at=ended,
