@@ -12,7 +12,10 @@ from wrapper.state import JobState
 
 
 def _cfg(tmp_path: Path, extra: str = "") -> config_mod.Config:
-    text = f'[metrics]\ntextfile = "{tmp_path / "m.prom"}"\n{extra}'
+    # Slurm is not running in the unit tier: the AdminComment's scontrol fails, as it
+    # does when slurmctld is down, and the hook goes on.
+    text = f'[metrics]\ntextfile = "{tmp_path / "m.prom"}"\n[slurm]\n' \
+           f'scontrol_command = "/bin/false"\n{extra}'
     return config_mod.parse(text.encode(), str(tmp_path / "config.toml"))
 
 
@@ -46,3 +49,16 @@ def test_an_unreadable_state_never_fails_the_epilog(tmp_path: Path) -> None:
     ledger = after_attempt(cfg, state, attempt=0, node="n1", kind="hang", decision="stop")
     assert ledger is not None and ledger.attempts == []
     assert not (tmp_path / "m.prom").exists()
+
+
+def test_the_admin_comment_holds_root_words_only() -> None:
+    from wrapper.goodput.accounting import Attempt, account
+    from wrapper.goodput.sacct import MAX_COMMENT, comment
+
+    ledger = account([Attempt(0, 0, 10, "hang"), Attempt(1, 20, 30, "a b;$(x)")], now=40)
+    text = comment(ledger, {0: "requeue", 1: "stop"})
+    assert text == "jobwrap: a0=hang/requeue a1=a_b___x_/stop ettr=0.00"
+    many = account([Attempt(i, i * 10, i * 10 + 5, "node_failure") for i in range(200)],
+                   now=9999)
+    long = comment(many, {})
+    assert len(long) <= MAX_COMMENT and long.startswith("jobwrap: a") and "a199=" in long

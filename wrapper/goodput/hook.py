@@ -36,7 +36,20 @@ def after_attempt(cfg: Config, state: JobState, *, attempt: int, node: str, kind
         return None
     if cfg.metrics.textfile:
         export(cfg, ledger, attempt=attempt, node=node, job_ended=decision != "requeue")
+    annotate(cfg, state, ledger)
     return ledger
+
+
+def annotate(cfg: Config, state: JobState, ledger: Ledger) -> None:
+    """The job's AdminComment (``sacct``), from root's own attempt.end records."""
+    from wrapper.facts import root_events
+    from wrapper.goodput import sacct
+
+    decisions = {int(e["attempt"]): str(e.get("decision") or "?") for e in root_events(state)
+                 if e.get("event") == "attempt.end" and isinstance(e.get("attempt"), int)}
+    problem = sacct.record(cfg, state.job_id, sacct.comment(ledger, decisions))
+    if problem:
+        log.get().warning("goodput.admin_comment_failed", error=problem)
 
 
 def ledger_of(state: JobState, now: float | None = None) -> Ledger:
