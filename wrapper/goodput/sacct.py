@@ -1,7 +1,8 @@
 """Each attempt's outcome in Slurm's own accounting: the job's AdminComment.
 
 One ``scontrol update JobId=N AdminComment=...`` per attempt end (root, the job's first
-node, bounded by ``[slurm] command_timeout``), so ``sacct -o AdminComment`` shows the
+node, bounded by ``[slurm] command_timeout``; ``sacctmgr modify job`` once the job has
+finished), so ``sacct -o AdminComment`` shows the
 job's whole story where sites already look. The text holds only root's vocabulary
 (attempt numbers, failure classes, decisions, ETTR), never the job's own words:
 ``jobwrap: a0=hang/requeue a1=success/done ettr=0.91``. Only an admin (or root) can set
@@ -33,18 +34,41 @@ def comment(ledger: Ledger, decisions: dict[int, str]) -> str:
 
 
 def record(cfg: Config, job_id: str, text: str) -> str | None:
-    """Set the job's AdminComment; returns the problem, or None when Slurm took it."""
+    """Set the job's AdminComment; returns the problem, or None when Slurm took it.
+
+    slurmctld takes it while the job is still its own (a requeued attempt); once the job
+    has finished (the epilog of its last attempt runs while it completes) only the
+    database can, through ``sacctmgr modify job``: at most two bounded commands.
+    """
     from wrapper.errors import JobwrapError
     from wrapper.runner import Runner
 
     if not _JOB_ID.match(job_id):
         return f"{job_id!r} is not a job id"
+    timeout = cfg.slurm.command_timeout
     try:
         Runner().run([cfg.slurm.scontrol_command, "update", f"JobId={job_id}",
-                      f"AdminComment={text}"], timeout=cfg.slurm.command_timeout)
+                      f"AdminComment={text}"], timeout=timeout)
+        return None
     except JobwrapError as exc:
-        return str(exc)
+        first = str(exc)
+    try:
+        Runner().run([_sacctmgr(cfg.slurm.scontrol_command), "-i", "modify", "job", "where",
+                      f"jobid={job_id}", "set", f"AdminComment={text}"], timeout=timeout)
+    except JobwrapError as exc:
+        return f"{first}; and then {exc}"
     return None
+
+
+def _sacctmgr(scontrol: str) -> str:
+    """sacctmgr beside the configured scontrol (the same Slurm), else on PATH."""
+    import os
+
+    if os.sep in scontrol:
+        sibling = os.path.join(os.path.dirname(scontrol), "sacctmgr")
+        if os.access(sibling, os.X_OK):
+            return sibling
+    return "sacctmgr"
 
 
 def _clean(word: str) -> str:

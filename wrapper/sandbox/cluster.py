@@ -59,6 +59,9 @@ class Spec:
     node_ports: list[int] = field(default_factory=lambda: [17001, 17002])
     user: str = "jwtest"
     cpus_per_node: int = 2
+    accounting: bool = False  # slurmdbd + MariaDB (wrapper/sandbox/accounting.py)
+    db_port: int = 16820
+    dbd_port: int = 16819
 
 
 @dataclass
@@ -134,14 +137,25 @@ class Cluster:
         self._write_configs()
         self._start_munge()
         try:
+            if self.spec.accounting:
+                log("starting MariaDB and slurmdbd ...")
+                self.daemons += self._accounting().start(self.env())
+                self._save()
             log(f"starting slurmctld and slurmd {', '.join(self.spec.nodes)} ...")
             self._start_daemons()
+            if self.spec.accounting:
+                self._accounting().add_user(self.env(), self.spec.user)
             log("waiting for the nodes to register idle ...")
             self.wait_idle()
         except BaseException:
             self.down()
             raise
         log(f"sandbox up: {len(self.spec.nodes)} nodes idle; SLURM_CONF={self.conf}")
+
+    def _accounting(self) -> Any:
+        from wrapper.sandbox.accounting import Accounting
+
+        return Accounting(self.base, self.spec.db_port, self.spec.dbd_port, "jobwrap-sandbox")
 
     def down(self) -> list[str]:
         """Stop what this sandbox started; returns the names of the processes stopped."""
@@ -264,6 +278,8 @@ class Cluster:
                                                       strict=True), start=1))
         rt = self.runtime
         b = self.base
+        storage = self._accounting().slurm_conf() if spec.accounting else \
+            "AccountingStorageType=accounting_storage/none\n"
         self.conf.write_text(f"""# written by jobwrap sandbox; a throwaway cluster on one host
 ClusterName=jobwrap-sandbox
 SlurmctldHost={host}(127.0.0.1)
@@ -283,8 +299,7 @@ SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+{storage}JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
