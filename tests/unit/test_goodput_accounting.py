@@ -138,3 +138,49 @@ def test_properties_of_any_ledger(attempts: list[Attempt], now: float) -> None:
     total = ledger.productive_s + ledger.lost_s + ledger.gap_s + ledger.startup_s
     assert math.isclose(total, ledger.wall_s, rel_tol=1e-9, abs_tol=1e-6)
     assert sum(ledger.lost_by_class.values()) <= ledger.lost_s + 1e-6
+
+
+def test_made_up_times_in_the_users_events_never_break_the_summary() -> None:
+    events = [
+        {"ts": 100, "event": "prolog.context", "attempt": 0, "source": "root",
+         "context": {"nodes": ["n1"]}},
+        {"ts": "soon", "event": "checkpoint", "attempt": 0, "step": "many", "source": "user"},
+        {"ts": float("nan"), "event": "checkpoint", "attempt": 0, "step": 3, "source": "user"},
+        {"ts": float("inf"), "event": "checkpoint", "attempt": 0, "step": 4, "source": "user"},
+        {"ts": 150, "event": "attempt.end", "attempt": 0, "kind": "hang", "source": "root"},
+    ]
+    ledger = account(from_summaries(summarize(events)), now=999)
+    assert [a.kind for a in ledger.attempts] == ["hang"]
+    assert 0 <= ledger.ettr <= 1 and ledger.wall_s == 50
+
+
+def test_a_users_early_claim_does_not_move_roots_start() -> None:
+    events = [
+        {"ts": 1, "event": "checkpoint", "attempt": 0, "step": 1, "source": "user"},
+        {"ts": 100, "event": "prolog.context", "attempt": 0, "source": "root",
+         "context": {"nodes": ["n1"]}},
+        {"ts": 150, "event": "attempt.end", "attempt": 0, "kind": "success", "source": "root"},
+    ]
+    [summary] = summarize(events)
+    assert summary.started_at == 100
+    assert account(from_summaries([summary]), now=999).wall_s == 50
+
+
+def test_absurd_steps_in_the_users_events_are_ignored() -> None:
+    events = [
+        {"ts": 100, "event": "prolog.context", "attempt": 0, "source": "root"},
+        {"ts": 110, "event": "checkpoint", "attempt": 0, "step": float("inf"),
+         "source": "user"},
+        {"ts": 120, "event": "checkpoint", "attempt": 0, "step": 1e400, "source": "user"},
+        {"ts": 150, "event": "attempt.end", "attempt": 0, "kind": "hang", "source": "root"},
+    ]
+    [summary] = summarize(events)
+    assert summary.checkpoints == 2 and summary.latest_step is None
+
+
+def test_the_manifest_merges_events_with_made_up_times() -> None:
+    from wrapper.archive.manifest import merge_events
+
+    merged = merge_events([{"ts": 5, "event": "a"}, {"ts": "soon", "event": "b"},
+                           {"ts": float("nan"), "event": "c"}, {"ts": 1e999, "event": "d"}])
+    assert [e["event"] for e in merged][-1] == "a" and len(merged) == 4

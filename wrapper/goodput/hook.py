@@ -21,7 +21,22 @@ if TYPE_CHECKING:
 
 def after_attempt(cfg: Config, state: JobState, *, attempt: int, node: str, kind: str,
                   decision: str, reason: str = "", user: str = "") -> Ledger | None:
-    """Account, export, notify, annotate; returns the ledger (None when it failed)."""
+    """Account, export, notify, annotate; returns the ledger (None when it failed).
+
+    Reporting never costs the epilog its archive or its cleanup: whatever goes wrong in
+    here (a bug of ours, a record the user's file made absurd) is logged, with its
+    traceback, and the epilog goes on.
+    """
+    try:
+        return _after_attempt(cfg, state, attempt=attempt, node=node, kind=kind,
+                              decision=decision, reason=reason, user=user)
+    except Exception as exc:  # see the docstring: reporting never fails the epilog
+        log.get().exception("goodput.failed", error=repr(exc))
+        return None
+
+
+def _after_attempt(cfg: Config, state: JobState, *, attempt: int, node: str, kind: str,
+                   decision: str, reason: str, user: str) -> Ledger | None:
     from wrapper.errors import JobwrapError
 
     if decision in ("requeue", "stop"):

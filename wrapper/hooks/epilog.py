@@ -190,10 +190,6 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
                       checkpoint_path=checkpoint.get("path") if checkpoint else None,
                       node=ctx.node, no_progress_limit=cfg.restart.no_progress_limit)
     _record(state, ctx, verdict, decision, checkpoint, evidence)
-    from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
-
-    after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
-                  decision=decision.action, reason=decision.reason, user=record.user)
     if cfg.metrics.textfile and verdict.kind != "success":
         from wrapper import metrics
 
@@ -205,6 +201,10 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: JobState, record: jobrec
         except JobwrapError as exc:  # Slurm said no: record it, and go on with the epilog
             log.get().error("epilog.requeue_failed", error=str(exc))
             state.append("requeue.failed", attempt=ctx.attempt, node=ctx.node, error=str(exc))
+    from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
+
+    after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
+                  decision=decision.action, reason=decision.reason, user=record.user)
     if decision.action != "done" and record.stdout:
         message = f"jobwrap: attempt {ctx.attempt} ended: {verdict.kind} ({verdict.detail}). " \
                   f"{'Requeued' if decision.requeue else 'Not requeued'}: {decision.reason}"
