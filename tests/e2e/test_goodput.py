@@ -45,6 +45,10 @@ def _jobwrap(cluster: Cluster, *args: str) -> str:
 def test_a_failed_and_resumed_job_is_accounted_everywhere(accounted: Cluster) -> None:
     cluster = accounted
     cluster.write_user_file("train.py", PAYLOAD.read_text())
+    said = cluster.base / "notified.txt"  # the site's command, run by root's epilog
+    with cluster.jobwrap_config.open("a") as config:
+        config.write(f'\n[notify]\ncommand = ["/bin/sh", "-c", "cat >> {said}; '
+                     f'echo \\"[$0 $1]\\" >> {said}", "{{event}}", "{{job_id}}"]\n')
     shutil.rmtree(cluster.work / "ckpt-gp", ignore_errors=True)
     job_id = cluster.submit(f"""#!/bin/bash
 #SBATCH --output=gp-%j.out
@@ -55,6 +59,14 @@ python3 train.py {STEPS} 0.4
 """, name="gp.sh")
     info = cluster.wait_job(job_id, timeout=180, states={"COMPLETED", "FAILED", "CANCELLED"})
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info
+
+    # the site was told of the requeue, detached from the epilog
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not said.exists():
+        time.sleep(0.5)
+    told = said.read_text() if said.exists() else ""
+    assert f"jobwrap: job {job_id} (attempt 0, user {cluster.spec.user}) requeued after " \
+           f"user_error" in told and f"[requeue {job_id}]" in told, told
 
     # sacct: the outcome of each attempt, from Slurm's own database
     comment = ""
