@@ -127,7 +127,11 @@ def _spawn(payload: bytes) -> None:
     finally:
         with contextlib.suppress(OSError):
             proc.stdin.close()
-    proc.returncode = 0  # never waited for: it outlives the hook
+    # Reaped by a daemon thread when it ends: a long-lived caller (a test, a service)
+    # collects no zombies, and a hook that exits first leaves it to init.
+    import threading
+
+    threading.Thread(target=proc.wait, name="notify-reaper", daemon=True).start()
 
 
 # -- the detached delivery process -----------------------------------------------------
