@@ -6,9 +6,16 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.unit.test_archive_support import config as archive_config
+from tests.unit.test_archive_support import record, run_attempt, shared, user
+from tests.unit.test_archive_support import state as archive_state
 from wrapper import config as config_mod
-from wrapper.goodput.hook import after_attempt
+from wrapper.archive import archive_attempt
+from wrapper.goodput.hook import after_attempt, attempt_records, ledger_of
+from wrapper.osl.users import UserIds
 from wrapper.state import JobState
+
+__all__ = ["shared", "user"]  # fixtures, used by name
 
 
 def _cfg(tmp_path: Path, extra: str = "") -> config_mod.Config:
@@ -62,3 +69,23 @@ def test_the_admin_comment_holds_root_words_only() -> None:
                    now=9999)
     long = comment(many, {})
     assert len(long) <= MAX_COMMENT and long.startswith("jobwrap: a") and "a199=" in long
+
+
+def test_attempts_on_other_nodes_come_from_the_archive(shared: Path, user: UserIds) -> None:
+    """The state folder is node-local: attempt 0 ran elsewhere, its manifest tells it."""
+    cfg = archive_config(shared, max_age_days=0.5)
+    rec = record(shared, user, nodes=["n1"])
+    elsewhere = archive_state(shared, user)
+    run_attempt(elsewhere, 0, ["n1"], kind="hang", decision="requeue", checkpoints=(5,))
+    archive_attempt(cfg, elsewhere, rec, attempt=0, node="n1", script_text="#!/bin/sh\n",
+                    extra={})
+    here = JobState(shared / "state-here", "42")
+    here.prepare(user.uid, user.gid)
+    run_attempt(here, 1, ["n2"], checkpoints=(9,))
+    records = attempt_records(here, cfg.paths.archive_root, user.name)
+    assert [(r["attempt"], r["outcome"], r["decision"]) for r in records] == [
+        (0, "hang", "requeue"), (1, "success", "done")]
+    ledger = ledger_of(here, archive_root=cfg.paths.archive_root, user=user.name)
+    assert ledger.failures == 1 and ledger.attempts[1].gap_before_s >= 0
+    assert ledger.gaps_by_class.keys() == {"hang"}
+    assert [a.kind for a in ledger_of(here).attempts] == ["success"]  # this node alone

@@ -9,9 +9,10 @@ or hold up the epilog: every step is bounded and its errors are logged.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from wrapper import log
+from wrapper.goodput.accounting import account, from_summaries
 
 if TYPE_CHECKING:
     from wrapper.config import Config
@@ -44,34 +45,61 @@ def _after_attempt(cfg: Config, state: JobState, *, attempt: int, node: str, kin
 
         notify(cfg, decision, job_id=state.job_id, attempt=attempt, node=node,
                failure_class=kind, user=user, reason=reason)
+    archive_root = cfg.paths.archive_root if cfg.archive.enabled else ""
     try:
-        ledger = ledger_of(state)
+        records = attempt_records(state, archive_root, user)
+        ledger = account(from_summaries(records), now=time.time())
     except (JobwrapError, OSError, ValueError) as exc:
         log.get().error("goodput.unavailable", error=str(exc))
         return None
     if cfg.metrics.textfile:
         export(cfg, ledger, attempt=attempt, node=node, job_ended=decision != "requeue")
-    annotate(cfg, state, ledger)
+    annotate(cfg, state, ledger, records)
     return ledger
 
 
-def annotate(cfg: Config, state: JobState, ledger: Ledger) -> None:
-    """The job's AdminComment (``sacct``), from root's own attempt.end records."""
-    from wrapper.facts import root_events
+def annotate(cfg: Config, state: JobState, ledger: Ledger,
+             records: list[dict[str, Any]]) -> None:
+    """The job's AdminComment (``sacct``), from root's records of its attempts."""
     from wrapper.goodput import sacct
 
-    decisions = {int(e["attempt"]): str(e.get("decision") or "?") for e in root_events(state)
-                 if e.get("event") == "attempt.end" and isinstance(e.get("attempt"), int)}
+    decisions = {int(r["attempt"]): str(r.get("decision") or "?") for r in records
+                 if isinstance(r.get("attempt"), int)}
     problem = sacct.record(cfg, state.job_id, sacct.comment(ledger, decisions))
     if problem:
         log.get().warning("goodput.admin_comment_failed", error=problem)
 
 
-def ledger_of(state: JobState, now: float | None = None) -> Ledger:
-    from wrapper.archive.status import timeline
-    from wrapper.goodput.accounting import account, from_summaries
+def ledger_of(state: JobState, now: float | None = None, *, archive_root: str = "",
+              user: str = "") -> Ledger:
+    """The job's ledger from this node's state, with the attempts only the archive knows.
 
-    return account(from_summaries(timeline(state)), now=time.time() if now is None else now)
+    The state folder is node-local: an attempt that ran on another node is known here
+    only through the job's manifest (written by root on that node, before this epilog).
+    """
+    return account(from_summaries(attempt_records(state, archive_root, user)),
+                   now=time.time() if now is None else now)
+
+
+def attempt_records(state: JobState, archive_root: str = "",
+                    user: str = "") -> list[dict[str, Any]]:
+    """The job's attempts (``AttemptSummary`` dicts): this node's, then the archive's."""
+    from wrapper.archive.status import timeline
+    from wrapper.errors import JobwrapError
+
+    records = {s.attempt: s.as_dict() for s in timeline(state)}
+    if archive_root:
+        from wrapper.archive import store
+
+        try:
+            manifest = store.load_manifest(archive_root, state.job_id, user or None)
+        except (JobwrapError, OSError):
+            manifest = {}
+        for entry in manifest.get("attempts") or []:
+            number = entry.get("attempt") if isinstance(entry, dict) else None
+            if isinstance(number, int) and number not in records:
+                records[number] = entry
+    return [records[n] for n in sorted(records)]
 
 
 def export(cfg: Config, ledger: Ledger, *, attempt: int, node: str, job_ended: bool) -> bool:
