@@ -464,6 +464,24 @@ class MetricsConfig(Section):
                                "metrics never hold up a job.", positive=True)
 
 
+class NotifyConfig(Section):
+    command: tuple[str, ...] = _opt((), "Site command run (as root, no shell) when a job is "
+                                    "requeued or stopped or a node drained, e.g. "
+                                    "[\"/usr/local/bin/page\", \"--job\", \"{job_id}\"]; "
+                                    "placeholders {event} {job_id} {attempt} {node} {class} "
+                                    "{user} {reason}; the message on its stdin. Empty: none.")
+    webhook: str = _opt("", "URL that gets each notification as a JSON POST (http or https; "
+                        "redirects are not followed). Empty: none.")
+    events: tuple[str, ...] = _opt(("requeue", "stop", "drain"), "Which events notify: any "
+                                   "of requeue, stop, drain.",
+                                   choices=("requeue", "stop", "drain"))
+    rate_limit: int = _opt(10, "At most this many notifications per node per rate_window; "
+                           "the next one that goes out counts those dropped.", positive=True)
+    rate_window: float = _opt(300.0, "Seconds of rate_limit's window.", positive=True)
+    timeout: float = _opt(10.0, "Seconds a command or webhook may take; it runs detached, "
+                          "never holding up a hook.", positive=True)
+
+
 class Config:
     """The whole effective configuration: one Section per table, and where it came from."""
 
@@ -480,6 +498,7 @@ class Config:
     archive: ArchiveConfig
     login_guard: LoginGuardConfig
     metrics: MetricsConfig
+    notify: NotifyConfig
     source: str
 
     def __init__(self, source: str = "(defaults)", **sections: Any) -> None:
@@ -522,6 +541,7 @@ SECTIONS: dict[str, type[Section]] = {
     "gpu": GpuConfig, "checks": ChecksConfig, "versions": VersionsConfig,
     "supervisor": SupervisorConfig, "restart": RestartConfig, "staging": StagingConfig,
     "archive": ArchiveConfig, "login_guard": LoginGuardConfig, "metrics": MetricsConfig,
+    "notify": NotifyConfig,
 }
 
 # Numbers beyond this are no one's intent, and past float's or C's range.
@@ -624,8 +644,10 @@ def _check_value(spec: Opt, value: Any) -> str | None:
         ok = isinstance(value, str)
     if not ok:
         return f"{_TYPE_NAMES.get(type_name, type_name)}, not {_describe(value)}"
-    if spec.choices and value not in spec.choices:
-        return "one of " + ", ".join(repr(c) for c in spec.choices)
+    if spec.choices and any(v not in spec.choices for v in
+                            (value if isinstance(value, list) else [value])):
+        return ("an array of " if isinstance(value, list) else "") + "one of " + \
+            ", ".join(repr(c) for c in spec.choices)
     if spec.absolute and not os.path.isabs(value):
         return "an absolute path"
     if spec.positive and value <= 0:

@@ -19,6 +19,14 @@ Series written by the helpers (every one also gets ``node`` when a node name is 
   copy or cache), ``jobwrap_staged_files_total{direction}``,
   ``jobwrap_stage_cache_hits_total`` and ``jobwrap_stage_cache_misses_total`` counters.
 - ``jobwrap_login_guard_actions_total{rule,action}`` counter.
+- Goodput (``record_goodput``, once per attempt end, by the job's first node):
+  ``jobwrap_goodput_productive_seconds_total`` and ``jobwrap_goodput_wall_seconds_total``
+  counters (cluster goodput = the ratio of their rates), ``jobwrap_lost_seconds_total{class}``
+  (work after the last checkpoint before a failure), ``jobwrap_restart_gap_seconds_total
+  {class}`` and ``jobwrap_restart_gaps_total{class}`` (a failure -> the next attempt's first
+  progress, by the class of the failure), ``jobwrap_jobs_ended_total`` and
+  ``jobwrap_jobs_ettr_sum_total`` counters (mean ETTR of ended jobs), and
+  ``jobwrap_job_last_ettr`` gauge.
 """
 
 from __future__ import annotations
@@ -211,6 +219,45 @@ def record_failure(cfg: MetricsConfig, failure_class: str, *, requeued: bool,
         changes.append(Change("jobwrap_restarts_total", "Jobs requeued by jobwrap, by "
                               "failure class.", "counter",
                               {labels(**{"class": failure_class}, **extra): 1.0}, add=True))
+    return _apply_quietly(cfg, changes)
+
+
+def record_goodput(cfg: MetricsConfig, *, failure_class: str, productive_s: float,
+                   wall_s: float, lost_s: float, gap: tuple[str, float] | None = None,
+                   ended_ettr: float | None = None, node: str = "") -> bool:
+    """One attempt's share of its job's goodput ledger (``wrapper.goodput.accounting``).
+
+    ``gap``: the restart gap before this attempt and the class that caused it;
+    ``ended_ettr``: the job's ETTR when this attempt ended the job."""
+    extra = {"node": node} if node else {}
+    here = labels(**extra)
+    changes = [
+        Change("jobwrap_goodput_productive_seconds_total", "Job seconds that produced kept "
+               "progress.", "counter", {here: max(0.0, productive_s)}, add=True),
+        Change("jobwrap_goodput_wall_seconds_total", "Job wall seconds, first start to end, "
+               "restart gaps included.", "counter", {here: max(0.0, wall_s)}, add=True),
+    ]
+    if failure_class != "success":
+        changes.append(Change("jobwrap_lost_seconds_total", "Work lost to failures (the last "
+                              "checkpoint before a failure -> the failure), by class.",
+                              "counter", {labels(**{"class": failure_class}, **extra):
+                                          max(0.0, lost_s)}, add=True))
+    if gap is not None:
+        by = labels(**{"class": gap[0]}, **extra)
+        changes += [
+            Change("jobwrap_restart_gap_seconds_total", "Seconds from a failure to the next "
+                   "attempt's first progress, by the failure's class.", "counter",
+                   {by: max(0.0, gap[1])}, add=True),
+            Change("jobwrap_restart_gaps_total", "Restarts whose gap was measured, by the "
+                   "failure's class.", "counter", {by: 1.0}, add=True)]
+    if ended_ettr is not None:
+        changes += [
+            Change("jobwrap_jobs_ended_total", "Jobs whose last attempt ended (goodput "
+                   "measured).", "counter", {here: 1.0}, add=True),
+            Change("jobwrap_jobs_ettr_sum_total", "Sum of the ETTR of ended jobs (divide by "
+                   "jobwrap_jobs_ended_total).", "counter", {here: ended_ettr}, add=True),
+            Change("jobwrap_job_last_ettr", "ETTR of the last job that ended here.", "gauge",
+                   {here: ended_ettr})]
     return _apply_quietly(cfg, changes)
 
 

@@ -121,6 +121,10 @@ def test_status_from_the_state_and_from_the_archive(archived: str, shared: Path)
     assert "hang" in out and "latest step 9" in out
     data = json.loads(jobwrap(archived, "status", "42", "--json")[1])
     assert data["source"] == "state" and [a["attempt"] for a in data["attempts"]] == [0, 1]
+    assert "goodput  ETTR" in out
+    ledger = data["goodput"]
+    assert 0 <= ledger["ettr"] <= 1 and [a["number"] for a in ledger["attempts"]] == [0, 1]
+    assert ledger["failures"] == 1 and ledger["attempts"][0]["kind"] == "hang"
     for name in os.listdir(shared / "state" / "jobs" / "42"):  # another node: no state here
         os.unlink(shared / "state" / "jobs" / "42" / name)
     data = json.loads(jobwrap(archived, "status", "42", "--json")[1])

@@ -211,3 +211,22 @@ def test_concurrent_updaters_lose_nothing(tmp_path: Path) -> None:
         assert series[(f"jobwrap_worker_{w}", ())] == w
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
+
+
+def test_goodput_series_add_up_over_attempts(cfg: MetricsConfig) -> None:
+    path = Path(cfg.textfile)
+    assert metrics.record_goodput(cfg, failure_class="hang", productive_s=20, wall_s=25,
+                                  lost_s=5, node="n1")
+    assert metrics.record_goodput(cfg, failure_class="success", productive_s=50, wall_s=75,
+                                  lost_s=0, gap=("hang", 25.0), ended_ettr=0.7, node="n1")
+    series = _series(path)
+    node = (("node", "n1"),)
+    assert series[("jobwrap_goodput_productive_seconds_total", node)] == 70
+    assert series[("jobwrap_goodput_wall_seconds_total", node)] == 100
+    assert series[("jobwrap_lost_seconds_total", (("class", "hang"), *node))] == 5
+    assert ("jobwrap_lost_seconds_total", (("class", "success"), *node)) not in series
+    assert series[("jobwrap_restart_gap_seconds_total", (("class", "hang"), *node))] == 25
+    assert series[("jobwrap_restart_gaps_total", (("class", "hang"), *node))] == 1
+    assert series[("jobwrap_jobs_ended_total", node)] == 1
+    assert series[("jobwrap_jobs_ettr_sum_total", node)] == 0.7
+    assert series[("jobwrap_job_last_ettr", node)] == 0.7

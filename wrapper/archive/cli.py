@@ -4,8 +4,9 @@
 ``[{user, job_id, path, updated_at, size, complete, name, attempts}]``; ``archive show``
 prints the manifest itself (docs/manifest.md); ``archive prune`` prints the removals,
 each an archive of ``list`` plus ``reason`` (age | size); ``status`` prints
-``{job_id, state, source, attempts: [AttemptSummary]}`` (source: "state" when read from
-this node's per-job state, "archive" when read from the job's manifest).
+``{job_id, state, source, attempts: [AttemptSummary], goodput: Ledger}`` (source:
+"state" when read from this node's per-job state, "archive" when read from the
+job's manifest).
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def status(job_id: str, as_json: bool) -> None:
     cfg = _config()
     attempts = status_mod.timeline(JobState(Path(cfg.paths.state_dir), job_id))
     source = "state"
+    manifest: dict[str, Any] = {}
     if not attempts:
         source = "archive"
         try:
@@ -132,12 +134,22 @@ def status(job_id: str, as_json: bool) -> None:
                                  f"({cfg.paths.archive_root})") from None
         attempts = [status_mod.AttemptSummary.from_dict(a) for a in manifest.get("attempts")
                     or []]
+    from wrapper.goodput import accounting, advice, view
+
+    now = time.time()
+    ledger = accounting.account(accounting.from_summaries(attempts), now=now)
+    uid = JobState(Path(cfg.paths.state_dir), job_id).job_uid() if source == "state" else \
+        _int((manifest.get("job") or {}).get("uid"))
+    suggestion = advice.for_job(cfg.paths.archive_root, ledger, uid, now)
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "state": status_mod.job_state(attempts)
                                if attempts else None, "source": source,
-                               "attempts": [a.as_dict() for a in attempts]}, indent=2))
+                               "attempts": [a.as_dict() for a in attempts],
+                               "goodput": ledger.as_dict(), "advice": suggestion},
+                              indent=2))
     else:
-        click.echo(status_mod.render(job_id, attempts), nl=False)
+        click.echo(status_mod.render(job_id, attempts) + view.render(ledger, suggestion),
+                   nl=False)
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -254,6 +266,10 @@ def _reproduction(manifest: dict[str, Any]) -> list[str]:
     if rerun.get("command"):
         lines.append(f"rerun {rerun['command']}")
     return lines
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _gpus(value: Any) -> str:

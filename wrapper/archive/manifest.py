@@ -64,7 +64,7 @@ from typing import Any
 
 from wrapper import __version__
 from wrapper.archive import gitfacts, rerun
-from wrapper.archive.status import ENDED, RUNNING, AttemptSummary, summarize
+from wrapper.archive.status import ENDED, RUNNING, AttemptSummary, event_order, summarize
 from wrapper.errors import JobwrapError
 from wrapper.jobrecord import JobRecord, parse_slurm_time
 from wrapper.osl.child import call_as
@@ -166,7 +166,7 @@ def merge_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         key = json.dumps([event.get("ts"), event.get("event"), event.get("node"),
                           event.get("attempt"), event.get("source")], default=str)
         seen.setdefault(key, event)
-    return sorted(seen.values(), key=lambda e: float(e.get("ts", 0) or 0))
+    return sorted(seen.values(), key=event_order)  # a made-up ts of the user's never raises
 
 
 def _partition(events: list[dict[str, Any]]) -> str | None:

@@ -17,6 +17,7 @@ warnings; ``wrapper.hooks.health``) and ``health.unavailable`` (the checks could
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
@@ -73,18 +74,37 @@ def timeline(state: JobState) -> list[AttemptSummary]:
 def summarize(events: Iterable[dict[str, Any]]) -> list[AttemptSummary]:
     """One summary per attempt seen in ``events`` (any order; sorted by time here)."""
     attempts: dict[int, AttemptSummary] = {}
-    for event in sorted(events, key=lambda e: float(e.get("ts", 0) or 0)):
+    prolog_starts: dict[int, float] = {}
+    for event in sorted(events, key=event_order):
         number = _attempt_of(event)
         if number is None:
             continue
         summary = attempts.setdefault(number, AttemptSummary(number))
         _apply(summary, event)
+        ts = _finite(event.get("ts"))
+        if event.get("event") == "prolog.context" and event.get("source", "root") == "root" \
+                and ts is not None:
+            prolog_starts[number] = min(ts, prolog_starts.get(number, ts))
+    for number, started in prolog_starts.items():
+        attempts[number].started_at = started  # root's record, never a user's earlier claim
     ordered = [attempts[n] for n in sorted(attempts)]
     for summary, later in itertools.pairwise(ordered):
         if summary.status != ENDED:
             summary.status = ENDED  # a later attempt exists: this one is over
             summary.ended_at = summary.ended_at or later.started_at
     return ordered
+
+
+def event_order(event: dict[str, Any]) -> float:
+    """An event's time for sorting: a ``ts`` the user's file made up ("soon", NaN,
+    1e999) sorts first instead of raising (the archive is built from this)."""
+    ts = _finite(event.get("ts"))
+    return 0.0 if ts is None else ts
+
+
+def _finite(value: Any) -> float | None:
+    ts = _float(value)
+    return ts if ts is not None and math.isfinite(ts) else None
 
 
 def _attempt_of(event: dict[str, Any]) -> int | None:
@@ -100,7 +120,7 @@ def _attempt_of(event: dict[str, Any]) -> int | None:
 def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
     name = str(event.get("event", ""))
     by_root = event.get("source", "root") == "root"
-    ts = _float(event.get("ts"))
+    ts = _finite(event.get("ts"))
     node = str(event.get("node") or "")
     if by_root and name in ("prolog.context", "epilog.context"):
         raw = event.get("context")
@@ -136,7 +156,10 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
     elif name == "checkpoint":
         path, step = _str(event.get("path")), _int(event.get("step"))
         summary.checkpoints += 1
-        summary.checkpoint_list.append({"path": path, "step": step, "ts": ts})
+        entry = {"path": path, "step": step, "ts": ts}
+        if _float(event.get("save_s")) is not None:  # how long saving it took, when measured
+            entry["save_s"] = _float(event.get("save_s"))
+        summary.checkpoint_list.append(entry)
         summary.latest_checkpoint, summary.latest_step = path, step
     elif name == "resume.chosen" and not event.get("passed_over"):
         pass  # an ordinary resume: the banner in the job's output says it
@@ -233,7 +256,7 @@ def _str(value: Any) -> str | None:
 def _int(value: Any) -> int | None:
     try:
         return int(value) if value is not None else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # "many", NaN, 1e400 from the user's file
         return None
 
 

@@ -181,6 +181,10 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
     if decision.requeue:
         apply.requeue(ctx, cfg, store, backend, decision,
                       spawn=services.spawn if services else None)
+    from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
+
+    after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
+                  decision=decision.action, reason=decision.reason, user=record.user)
     apply.tell_the_job(ctx, record, user, verdict, decision)
     return decision, gathered.info
 

@@ -70,6 +70,10 @@ def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: s
     if report.verdict == "fail":
         reason = report.drain_reason() or "jobwrap: health check failed"
         backend.drain_node(ctx.node, reason)
+        from wrapper.notify import notify
+
+        notify(cfg, "drain", job_id=ctx.job_id, attempt=ctx.attempt, node=ctx.node,
+               reason=reason)
         logger.error("health.drained", phase=phase, reason=reason)
     return report
 

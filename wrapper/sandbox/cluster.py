@@ -62,6 +62,9 @@ class Spec:
     cpus_per_node: int = 2
     # "" Debian's Slurm; else a built one's prefix (flavor.PREFIX_VARIABLE)
     slurm_prefix: str = field(default_factory=flavor.prefix_from_env)
+    accounting: bool = False  # slurmdbd + MariaDB (wrapper/sandbox/accounting.py)
+    db_port: int = 16820
+    dbd_port: int = 16819
 
 
 @dataclass
@@ -138,8 +141,14 @@ class Cluster:
         self._write_configs()
         self._start_munge()
         try:
+            if self.spec.accounting:
+                log("starting MariaDB and slurmdbd ...")
+                self.daemons += self._accounting().start(self.env())
+                self._save()
             log(f"starting slurmctld and slurmd {', '.join(self.spec.nodes)} ...")
             self._start_daemons()
+            if self.spec.accounting:
+                self._accounting().add_user(self.env(), self.spec.user)
             log("waiting for the nodes to register idle ...")
             # many slurmd on one host register one after another: a few seconds each
             self.wait_idle(timeout=max(60.0, 3.0 * len(self.spec.nodes)))
@@ -147,6 +156,11 @@ class Cluster:
             self.down()
             raise
         log(f"sandbox up: {len(self.spec.nodes)} nodes idle; SLURM_CONF={self.conf}")
+
+    def _accounting(self) -> Any:
+        from wrapper.sandbox.accounting import Accounting
+
+        return Accounting(self.base, self.spec.db_port, self.spec.dbd_port, "jobwrap-sandbox")
 
     def down(self) -> list[str]:
         """Stop what this sandbox started; returns the names of the processes stopped."""
@@ -272,6 +286,8 @@ class Cluster:
                                                       strict=True), start=1))
         rt = self.runtime
         b = self.base
+        storage = self._accounting().slurm_conf() if spec.accounting else \
+            "AccountingStorageType=accounting_storage/none\n"
         self.conf.write_text(f"""# written by jobwrap sandbox; a throwaway cluster on one host
 ClusterName=jobwrap-sandbox
 SlurmctldHost={host}(127.0.0.1)
@@ -291,8 +307,7 @@ SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+{storage}JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill

@@ -1,0 +1,186 @@
+"""The goodput ledger of one job, from hand-built attempts and from real event records."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wrapper.archive.status import summarize
+from wrapper.goodput.accounting import Attempt, Checkpoint, account, from_summaries
+
+
+def test_a_clean_run_is_all_productive() -> None:
+    ledger = account([Attempt(0, 100.0, 200.0, "success",
+                              (Checkpoint(130, 10), Checkpoint(160, 20)))], now=999)
+    assert ledger.wall_s == 100
+    assert ledger.productive_s == 100
+    assert ledger.lost_s == 0 and ledger.gap_s == 0 and ledger.failures == 0
+    assert ledger.ettr == 1.0
+    assert ledger.checkpoint_interval_s == 30
+
+
+def test_a_failure_loses_the_work_after_its_last_checkpoint_and_a_restart_gap() -> None:
+    # attempt 0: checkpoints at 110 (step 10) and 120 (step 20), crashes at 125.
+    # attempt 1 starts at 140, resumes from step 20; at 1 step/s its first checkpoint at
+    # step 30 (t=160) means it was back at work at 150; it succeeds at 200.
+    ledger = account([
+        Attempt(0, 100.0, 125.0, "node_failure", (Checkpoint(110, 10), Checkpoint(120, 20))),
+        Attempt(1, 140.0, 200.0, "success", (Checkpoint(160, 30), Checkpoint(170, 40)),
+                resumed_step=20),
+    ], now=999)
+    first, second = ledger.attempts
+    assert first.productive_s == 20 and first.lost_s == 5
+    assert second.first_progress == 150 and second.gap_before_s == 25
+    assert second.productive_s == 50
+    assert ledger.wall_s == 100
+    assert ledger.ettr == pytest.approx(0.70)
+    assert ledger.lost_by_class == {"node_failure": 5}
+    assert ledger.gaps_by_class == {"node_failure": [25]}
+
+
+def test_a_failure_before_any_checkpoint_loses_the_whole_attempt() -> None:
+    ledger = account([Attempt(0, 0.0, 50.0, "user_error"),
+                      Attempt(1, 60.0, 100.0, "success")], now=999)
+    assert ledger.attempts[0].lost_s == 50
+    assert ledger.attempts[1].gap_before_s == 10
+    assert ledger.ettr == pytest.approx(0.4)
+
+
+def test_the_running_attempt_counts_up_to_now() -> None:
+    ledger = account([Attempt(0, 0.0, 10.0, "hang", (Checkpoint(5, 5),)),
+                      Attempt(1, 20.0, None, None, (Checkpoint(30, 15),), resumed_step=5)],
+                     now=40)
+    assert ledger.wall_s == 40
+    assert ledger.attempts[1].kind == "running"
+    assert ledger.attempts[1].ended_at == 40
+    assert ledger.failures == 1
+
+
+def test_skewed_clocks_never_give_negative_buckets() -> None:
+    # attempt 1 claims to start before attempt 0 ended; a checkpoint lies outside its attempt
+    ledger = account([Attempt(0, 100.0, 150.0, "hang", (Checkpoint(170, 3),)),
+                      Attempt(1, 120.0, 200.0, "success", (Checkpoint(90, 1),),
+                              resumed_step=3)], now=999)
+    for entry in ledger.attempts:
+        assert min(entry.productive_s, entry.lost_s, entry.gap_before_s, entry.startup_s) >= 0
+    assert 0 <= ledger.ettr <= 1
+
+
+def test_from_real_events_through_the_status_summaries() -> None:
+    root = {"source": "root", "node": "n1"}
+    events = [
+        {"ts": 100, "event": "prolog.context", "attempt": 0, "context": {"nodes": ["n1"]},
+         **root},
+        {"ts": 110, "event": "checkpoint", "attempt": 0, "step": 10, "path": "/c/10",
+         "source": "user"},
+        {"ts": 120, "event": "checkpoint", "attempt": 0, "step": 20, "path": "/c/20",
+         "source": "user"},
+        {"ts": 125, "event": "attempt.end", "attempt": 0, "kind": "gpu_fault",
+         "decision": "requeue", **root},
+        {"ts": 140, "event": "prolog.context", "attempt": 1, "context": {"nodes": ["n2"]},
+         **root},
+        {"ts": 160, "event": "checkpoint", "attempt": 1, "step": 30, "path": "/c/30",
+         "source": "user"},
+        {"ts": 200, "event": "attempt.end", "attempt": 1, "kind": "success",
+         "decision": "done", **root},
+    ]
+    ledger = account(from_summaries(summarize(events)), now=999)
+    assert [a.kind for a in ledger.attempts] == ["gpu_fault", "success"]
+    assert ledger.attempts[1].first_progress == 150  # resumed at step 20, 1 step/s
+    assert ledger.lost_s == 5 and ledger.gap_s == 25
+    assert ledger.ettr == pytest.approx(0.70)
+    # and the same from the manifest's dict form
+    dicts = [s.as_dict() for s in summarize(events)]
+    assert account(from_summaries(dicts), now=999).ettr == pytest.approx(0.70)
+
+
+def test_garbage_in_a_summary_is_skipped_not_fatal() -> None:
+    attempts = from_summaries([{"attempt": "x"}, {"attempt": 0, "started_at": "nan"},
+                               {"attempt": 1, "started_at": 5, "status": "ended",
+                                "ended_at": 9, "checkpoint_list": [{"ts": None}, "junk"],
+                                "outcome": "hang"}])
+    assert [a.number for a in attempts] == [1]
+    assert account(attempts, now=10).lost_s == 4
+
+
+_times = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+
+
+@st.composite
+def _attempts(draw: st.DrawFn) -> list[Attempt]:
+    count = draw(st.integers(1, 6))
+    out = []
+    for number in range(count):
+        start = draw(_times)
+        end = draw(st.none() | _times) if number == count - 1 else draw(_times)
+        points = tuple(Checkpoint(draw(_times), draw(st.none() | st.integers(0, 10**6)))
+                       for _ in range(draw(st.integers(0, 4))))
+        kind = draw(st.sampled_from(["success", "hang", "node_failure", None]))
+        out.append(Attempt(number, start, end, kind, points,
+                           resumed_step=draw(st.none() | st.integers(0, 10**6))))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_attempts(), _times)
+def test_properties_of_any_ledger(attempts: list[Attempt], now: float) -> None:
+    ledger = account(attempts, now=now)
+    assert 0 <= ledger.ettr <= 1
+    assert 0 <= ledger.lost_s <= ledger.wall_s + 1e-6
+    assert 0 <= ledger.productive_s <= ledger.wall_s + 1e-6
+    for entry in ledger.attempts:
+        assert entry.started_at <= entry.first_progress <= entry.ended_at
+        assert min(entry.productive_s, entry.lost_s, entry.gap_before_s, entry.startup_s) >= 0
+    # the buckets partition the wall time
+    total = ledger.productive_s + ledger.lost_s + ledger.gap_s + ledger.startup_s
+    assert math.isclose(total, ledger.wall_s, rel_tol=1e-9, abs_tol=1e-6)
+    assert sum(ledger.lost_by_class.values()) <= ledger.lost_s + 1e-6
+
+
+def test_made_up_times_in_the_users_events_never_break_the_summary() -> None:
+    events = [
+        {"ts": 100, "event": "prolog.context", "attempt": 0, "source": "root",
+         "context": {"nodes": ["n1"]}},
+        {"ts": "soon", "event": "checkpoint", "attempt": 0, "step": "many", "source": "user"},
+        {"ts": float("nan"), "event": "checkpoint", "attempt": 0, "step": 3, "source": "user"},
+        {"ts": float("inf"), "event": "checkpoint", "attempt": 0, "step": 4, "source": "user"},
+        {"ts": 150, "event": "attempt.end", "attempt": 0, "kind": "hang", "source": "root"},
+    ]
+    ledger = account(from_summaries(summarize(events)), now=999)
+    assert [a.kind for a in ledger.attempts] == ["hang"]
+    assert 0 <= ledger.ettr <= 1 and ledger.wall_s == 50
+
+
+def test_a_users_early_claim_does_not_move_roots_start() -> None:
+    events = [
+        {"ts": 1, "event": "checkpoint", "attempt": 0, "step": 1, "source": "user"},
+        {"ts": 100, "event": "prolog.context", "attempt": 0, "source": "root",
+         "context": {"nodes": ["n1"]}},
+        {"ts": 150, "event": "attempt.end", "attempt": 0, "kind": "success", "source": "root"},
+    ]
+    [summary] = summarize(events)
+    assert summary.started_at == 100
+    assert account(from_summaries([summary]), now=999).wall_s == 50
+
+
+def test_absurd_steps_in_the_users_events_are_ignored() -> None:
+    events = [
+        {"ts": 100, "event": "prolog.context", "attempt": 0, "source": "root"},
+        {"ts": 110, "event": "checkpoint", "attempt": 0, "step": float("inf"),
+         "source": "user"},
+        {"ts": 120, "event": "checkpoint", "attempt": 0, "step": 1e400, "source": "user"},
+        {"ts": 150, "event": "attempt.end", "attempt": 0, "kind": "hang", "source": "root"},
+    ]
+    [summary] = summarize(events)
+    assert summary.checkpoints == 2 and summary.latest_step is None
+
+
+def test_the_manifest_merges_events_with_made_up_times() -> None:
+    from wrapper.archive.manifest import merge_events
+
+    merged = merge_events([{"ts": 5, "event": "a"}, {"ts": "soon", "event": "b"},
+                           {"ts": float("nan"), "event": "c"}, {"ts": 1e999, "event": "d"}])
+    assert [e["event"] for e in merged][-1] == "a" and len(merged) == 4

@@ -1,0 +1,240 @@
+"""One job's goodput ledger, computed from its attempts: pure, no I/O.
+
+Per attempt: its start, its first progress, its checkpoints (time, step), its end and
+its class. Every second of the job's wall time (first start -> last end, or now while it
+runs) falls in exactly one bucket:
+
+- ``startup``: the first attempt's start -> its first progress;
+- ``gap``: an attempt's end -> the next attempt's first progress (queue time, the next
+  prolog, loading the checkpoint): the restart gap, charged to the class that ended the
+  earlier attempt;
+- ``productive``: first progress -> the last checkpoint before a failure (or -> the end
+  of an attempt that succeeded, or -> now for the running one): work that was kept;
+- ``lost``: the last checkpoint before a failure -> the failure (the work redone).
+
+ETTR (effective training time ratio) = productive / wall, always within [0, 1].
+
+First progress: the supervisor records checkpoints, not steps, so an attempt's first
+progress is estimated from its checkpoints' steps: the step it resumed from (the
+previous attempt's latest checkpoint) and the step rate seen over the job's checkpoints
+give when it was back at work; without steps, its first checkpoint's time stands in,
+and an attempt with no checkpoint counts from its start. Times are clamped so that
+attempts never overlap and checkpoints lie within their attempt: a clock skew between
+nodes moves seconds between buckets, never makes them negative.
+
+The ONE place that reads jobwrap's event vocabulary is ``from_summaries``: it takes the
+``AttemptSummary`` records that ``jobwrap status`` and the archive manifest both hold.
+Checkpoint events come from the supervisor, which runs as the job's user: the ledger is
+a report, never a control input.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wrapper.archive.status import AttemptSummary
+
+SUCCESS = "success"
+RUNNING_CLASS = "running"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    ts: float
+    step: int | None = None
+    save_s: float | None = None  # seconds its save took, when measured
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the ledger needs of one attempt. ``ended_at`` None: it still runs.
+    ``kind``: the failure class (``wrapper.classify``), "success", or None (unknown)."""
+
+    number: int
+    started_at: float
+    ended_at: float | None = None
+    kind: str | None = None
+    checkpoints: tuple[Checkpoint, ...] = ()
+    nodes: tuple[str, ...] = ()
+    resumed_step: int | None = None  # the checkpoint step it started from, when known
+    first_progress: float | None = None  # when measured (a progress event); else estimated
+
+
+@dataclass
+class AttemptLedger:
+    number: int
+    kind: str
+    nodes: list[str]
+    started_at: float
+    first_progress: float
+    ended_at: float
+    productive_s: float
+    lost_s: float
+    gap_before_s: float  # restart gap: the previous attempt's end -> this one's first progress
+    startup_s: float
+    checkpoints: int
+    save_interval_s: float | None  # median seconds between its checkpoints
+
+
+@dataclass
+class Ledger:
+    wall_s: float = 0.0
+    productive_s: float = 0.0
+    lost_s: float = 0.0
+    gap_s: float = 0.0
+    startup_s: float = 0.0
+    ettr: float = 0.0
+    failures: int = 0
+    attempts: list[AttemptLedger] = field(default_factory=list)
+    lost_by_class: dict[str, float] = field(default_factory=dict)
+    gaps_by_class: dict[str, list[float]] = field(default_factory=dict)
+    checkpoint_interval_s: float | None = None  # median over the job
+    save_s: float | None = None  # median measured save time of its checkpoints
+    latest_checkpoint: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
+    """The ledger of one job whose attempts these are (any order)."""
+    ordered = sorted(attempts, key=lambda a: (a.number, a.started_at))
+    ledger = Ledger()
+    if not ordered:
+        return ledger
+    rate = _step_rate(ordered)
+    previous_end: float | None = None
+    previous_kind = ""
+    for index, attempt in enumerate(ordered):
+        last = index == len(ordered) - 1
+        start = attempt.started_at if previous_end is None else max(attempt.started_at,
+                                                                    previous_end)
+        end = attempt.ended_at if attempt.ended_at is not None else (now if last else start)
+        end = max(end, start)
+        points = sorted((Checkpoint(min(max(c.ts, start), end), c.step, c.save_s, c.path)
+                         for c in attempt.checkpoints), key=lambda c: c.ts)
+        progress = _clamp(_first_progress(attempt, points, rate), start, end)
+        kind = attempt.kind or (RUNNING_CLASS if attempt.ended_at is None and last
+                                else "unknown")
+        kept_until = end if kind in (SUCCESS, RUNNING_CLASS) else max(
+            [c.ts for c in points if c.ts >= progress], default=progress)
+        entry = AttemptLedger(
+            number=attempt.number, kind=kind, nodes=list(attempt.nodes), started_at=start,
+            first_progress=progress, ended_at=end, productive_s=kept_until - progress,
+            lost_s=end - kept_until, gap_before_s=0.0, startup_s=0.0,
+            checkpoints=len(points), save_interval_s=_median_interval(points))
+        if previous_end is None:
+            entry.startup_s = progress - start
+        else:
+            entry.gap_before_s = progress - previous_end
+            ledger.gaps_by_class.setdefault(previous_kind, []).append(entry.gap_before_s)
+        if kind not in (SUCCESS, RUNNING_CLASS):
+            ledger.failures += 1
+            ledger.lost_by_class[kind] = ledger.lost_by_class.get(kind, 0.0) + entry.lost_s
+        ledger.attempts.append(entry)
+        previous_end, previous_kind = end, kind
+    first = ledger.attempts[0].started_at
+    ledger.wall_s = ledger.attempts[-1].ended_at - first
+    ledger.productive_s = sum(a.productive_s for a in ledger.attempts)
+    ledger.lost_s = sum(a.lost_s for a in ledger.attempts)
+    ledger.gap_s = sum(a.gap_before_s for a in ledger.attempts)
+    ledger.startup_s = sum(a.startup_s for a in ledger.attempts)
+    ledger.ettr = min(1.0, ledger.productive_s / ledger.wall_s) if ledger.wall_s > 0 else 0.0
+    intervals = [a.save_interval_s for a in ledger.attempts if a.save_interval_s is not None]
+    ledger.checkpoint_interval_s = _median(intervals) if intervals else None
+    saves = [c.save_s for a in ordered for c in a.checkpoints if c.save_s is not None]
+    ledger.save_s = _median(saves) if saves else None
+    paths = [c for a in ordered for c in a.checkpoints if c.path]
+    ledger.latest_checkpoint = max(paths, key=lambda c: c.ts).path if paths else None
+    return ledger
+
+
+def from_summaries(summaries: Iterable[AttemptSummary | dict[str, Any]]) -> list[Attempt]:
+    """The adapter: ``AttemptSummary`` records (from ``jobwrap status`` or a manifest's
+    ``attempts``) -> the ledger's attempts. Attempts with no known start are skipped."""
+    out: list[Attempt] = []
+    previous_step: int | None = None
+    for item in summaries:
+        data = item if isinstance(item, dict) else item.as_dict()
+        number = _int(data.get("attempt"))
+        start = _num(data.get("started_at"))
+        if number is None or start is None:
+            continue
+        points = []
+        for c in data.get("checkpoint_list") or []:
+            ts = _num(c.get("ts")) if isinstance(c, dict) else None
+            if ts is not None:
+                path = c.get("path")
+                points.append(Checkpoint(ts, _int(c.get("step")), _num(c.get("save_s")),
+                                         str(path) if path else None))
+        ended = _num(data.get("ended_at")) if data.get("status") == "ended" else None
+        kind = data.get("outcome")
+        out.append(Attempt(number=number, started_at=start, ended_at=ended,
+                           kind=str(kind) if kind else None, checkpoints=tuple(points),
+                           nodes=tuple(str(n) for n in data.get("nodes") or []),
+                           resumed_step=previous_step if number > 0 else None))
+        latest = _int(data.get("latest_step"))
+        previous_step = latest if latest is not None else previous_step
+    return out
+
+
+def _first_progress(attempt: Attempt, points: list[Checkpoint], rate: float | None) -> float:
+    if attempt.first_progress is not None:
+        return attempt.first_progress
+    if not points:
+        return attempt.started_at
+    first = points[0]
+    if attempt.number == 0 or attempt.resumed_step is None:
+        # A fresh start: it works from its start (the time before its first checkpoint
+        # is productive; only what follows the last checkpoint of a failure is lost).
+        return attempt.started_at if attempt.number == 0 else first.ts
+    if rate is None or first.step is None or first.step < attempt.resumed_step:
+        return first.ts
+    return first.ts - (first.step - attempt.resumed_step) / rate
+
+
+def _step_rate(attempts: Sequence[Attempt]) -> float | None:
+    """Steps per second, the median over the job's consecutive checkpoints in an attempt."""
+    rates = []
+    for attempt in attempts:
+        points = sorted((c for c in attempt.checkpoints if c.step is not None),
+                        key=lambda c: c.ts)
+        for a, b in itertools.pairwise(points):
+            if b.ts > a.ts and a.step is not None and b.step is not None and b.step > a.step:
+                rates.append((b.step - a.step) / (b.ts - a.ts))
+    return _median(rates) if rates else None
+
+
+def _median_interval(points: list[Checkpoint]) -> float | None:
+    gaps = [b.ts - a.ts for a, b in itertools.pairwise(points) if b.ts > a.ts]
+    return _median(gaps) if gaps else None
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(max(value, low), high)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _num(value: Any) -> float | None:
+    try:
+        number = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+    return number if number is not None and number == number and abs(number) < 1e12 else None

@@ -1,0 +1,208 @@
+"""The cluster view of ``jobwrap report``: goodput over the archived jobs.
+
+``build`` is pure (ledgers in, a ``Report`` out): failures by class and by node, each
+node's flaky score, the MTBF, the restart gaps, the distribution of ETTR over ended
+jobs. ``from_archive`` reads the ledgers from the archive's manifests.
+
+Flaky-node score: how much more often a node's attempts end in a failure a node can
+cause (a GPU, the node, a hang, a collective timeout; not the user's own errors, the
+walltime, a cancellation) than the cluster's attempts do, smoothed by one pseudo-attempt
+at the cluster's rate so that one failure on a node that ran two attempts is no verdict:
+``score = ((failures + 1) / (attempts + 1 / rate)) / rate``. About 1 is ordinary; a node
+is listed as flaky at ``FLAKY_SCORE`` or more with at least two such failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from wrapper.goodput.accounting import RUNNING_CLASS, SUCCESS, Ledger
+
+# Classes that say nothing about the node the attempt ran on.
+NOT_THE_NODE = frozenset({SUCCESS, RUNNING_CLASS, "unknown", "cuda_oom", "host_oom",
+                          "walltime", "preempted", "cancelled", "staging", "user_error"})
+NOT_A_FAILURE = frozenset({SUCCESS, RUNNING_CLASS, "cancelled"})
+FLAKY_SCORE = 2.0
+ETTR_BUCKETS = (0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+
+@dataclass(frozen=True)
+class JobLedger:
+    job_id: str
+    user: str
+    ledger: Ledger
+
+
+@dataclass
+class NodeStats:
+    attempts: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    node_failures: int = 0
+    score: float = 0.0
+
+
+@dataclass
+class Report:
+    since: float | None
+    jobs: int = 0
+    attempts: int = 0
+    failures: int = 0
+    failures_by_class: dict[str, int] = field(default_factory=dict)
+    nodes: dict[str, NodeStats] = field(default_factory=dict)
+    flaky_nodes: list[str] = field(default_factory=list)
+    run_s: float = 0.0
+    mtbf_s: float | None = None
+    wall_s: float = 0.0
+    productive_s: float = 0.0
+    lost_s: float = 0.0
+    lost_by_class: dict[str, float] = field(default_factory=dict)
+    restart_gaps: int = 0
+    mean_restart_gap_s: float | None = None
+    mean_restart_gap_by_class: dict[str, float] = field(default_factory=dict)
+    ettr: float | None = None  # productive / wall over all jobs
+    ettr_of_ended_jobs: dict[str, float] = field(default_factory=dict)  # min, p50, mean ...
+    ettr_histogram: dict[str, int] = field(default_factory=dict)  # "<=0.9": jobs
+    worst_jobs: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
+    report = Report(since=since)
+    gaps: dict[str, list[float]] = {}
+    ended: list[tuple[float, JobLedger]] = []
+    for job in jobs:
+        ledger = job.ledger
+        if not ledger.attempts:
+            continue
+        report.jobs += 1
+        report.wall_s += ledger.wall_s
+        report.productive_s += ledger.productive_s
+        report.lost_s += ledger.lost_s
+        for kind, lost in ledger.lost_by_class.items():
+            report.lost_by_class[kind] = report.lost_by_class.get(kind, 0.0) + lost
+        for kind, seen in ledger.gaps_by_class.items():
+            gaps.setdefault(kind, []).extend(seen)
+        for attempt in ledger.attempts:
+            report.attempts += 1
+            report.run_s += attempt.ended_at - attempt.started_at
+            failed = attempt.kind not in NOT_A_FAILURE
+            if failed:
+                report.failures += 1
+                report.failures_by_class[attempt.kind] = \
+                    report.failures_by_class.get(attempt.kind, 0) + 1
+            for node in attempt.nodes:
+                stats = report.nodes.setdefault(node, NodeStats())
+                stats.attempts += 1
+                if failed:
+                    stats.failures[attempt.kind] = stats.failures.get(attempt.kind, 0) + 1
+                if attempt.kind not in NOT_THE_NODE:
+                    stats.node_failures += 1
+        if ledger.attempts[-1].kind != RUNNING_CLASS:
+            ended.append((ledger.ettr, job))
+    report.mtbf_s = report.run_s / report.failures if report.failures else None
+    all_gaps = [g for seen in gaps.values() for g in seen]
+    report.restart_gaps = len(all_gaps)
+    report.mean_restart_gap_s = sum(all_gaps) / len(all_gaps) if all_gaps else None
+    report.mean_restart_gap_by_class = {k: sum(v) / len(v) for k, v in sorted(gaps.items())
+                                        if v}
+    report.ettr = report.productive_s / report.wall_s if report.wall_s > 0 else None
+    _score_nodes(report)
+    values = sorted(e for e, _ in ended)
+    if values:
+        report.ettr_of_ended_jobs = {"jobs": float(len(values)), "min": values[0],
+                                     "p10": _quantile(values, 0.1),
+                                     "p50": _quantile(values, 0.5),
+                                     "p90": _quantile(values, 0.9), "max": values[-1],
+                                     "mean": sum(values) / len(values)}
+        for bound in ETTR_BUCKETS:
+            report.ettr_histogram[f"<={bound:g}"] = sum(1 for v in values if v <= bound)
+    report.worst_jobs = [{"job_id": j.job_id, "user": j.user, "ettr": e,
+                          "failures": j.ledger.failures, "lost_s": j.ledger.lost_s}
+                         for e, j in sorted(ended, key=lambda p: p[0])[:5] if e < 1.0]
+    return report
+
+
+def _score_nodes(report: Report) -> None:
+    attempts = sum(s.attempts for s in report.nodes.values())
+    failures = sum(s.node_failures for s in report.nodes.values())
+    if not attempts:
+        return
+    rate = max(failures, 1) / attempts  # no failure at all: every score stays below 1
+    for name, stats in report.nodes.items():
+        stats.score = ((stats.node_failures + 1) / (stats.attempts + 1 / rate)) / rate
+        if stats.score >= FLAKY_SCORE and stats.node_failures >= 2:
+            report.flaky_nodes.append(name)
+    report.flaky_nodes.sort(key=lambda n: -report.nodes[n].score)
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    index = q * (len(values) - 1)
+    low = int(index)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (index - low)
+
+
+def from_archive(root: str, *, since: float | None, now: float,
+                 user: str | None = None) -> tuple[list[JobLedger], list[str]]:
+    """Every archived job's ledger (updated since ``since``), and what could not be read."""
+    from wrapper.archive import store
+    from wrapper.errors import JobwrapError
+    from wrapper.goodput.accounting import account, from_summaries
+
+    out: list[JobLedger] = []
+    problems: list[str] = []
+    for info in store.list_archives(root, user=user, since=since):
+        try:
+            manifest = store.load_manifest(root, info.job_id, info.user)
+        except JobwrapError as exc:
+            problems.append(f"job {info.job_id} of {info.user}: {exc}")
+            continue
+        attempts = manifest.get("attempts")
+        if not isinstance(attempts, list):
+            problems.append(f"job {info.job_id} of {info.user}: its manifest lists no attempts")
+            continue
+        summaries = [a for a in attempts if isinstance(a, dict)]
+        out.append(JobLedger(info.job_id, info.user, account(from_summaries(summaries),
+                                                             now=now)))
+    return out, problems
+
+
+def render(report: Report) -> str:
+    from wrapper.goodput.view import span
+
+    if not report.jobs:
+        return "no archived jobs in this period\n"
+    ettr = "?" if report.ettr is None else f"{report.ettr:.1%}"
+    lines = [f"{report.jobs} jobs, {report.attempts} attempts, {report.failures} failures; "
+             f"goodput (ETTR) {ettr} of {span(report.wall_s)}; lost {span(report.lost_s)}",
+             "MTBF " + ("n/a (no failure)" if report.mtbf_s is None else span(report.mtbf_s))
+             + "; mean restart gap " + ("n/a" if report.mean_restart_gap_s is None
+                                        else span(report.mean_restart_gap_s))
+             + f" over {report.restart_gaps} restarts"]
+    if report.failures_by_class:
+        lines.append("failures by class:")
+        for kind, count in sorted(report.failures_by_class.items(), key=lambda p: -p[1]):
+            gap = report.mean_restart_gap_by_class.get(kind)
+            lines.append(f"  {kind:<14} {count:>5}  lost {span(report.lost_by_class.get(kind, 0))}"
+                         + (f"  mean restart gap {span(gap)}" if gap is not None else ""))
+    if report.nodes:
+        lines.append("nodes (flaky score: 1 is the cluster's rate):")
+        for name, stats in sorted(report.nodes.items(), key=lambda p: -p[1].score):
+            said = ", ".join(f"{k} {v}" for k, v in sorted(stats.failures.items())) or "-"
+            flag = "  FLAKY" if name in report.flaky_nodes else ""
+            lines.append(f"  {name:<14} attempts {stats.attempts:>4}  score "
+                         f"{stats.score:5.2f}  failures: {said}{flag}")
+    dist = report.ettr_of_ended_jobs
+    if dist:
+        lines.append(f"ETTR of {int(dist['jobs'])} ended jobs: min {dist['min']:.2f}  p10 "
+                     f"{dist['p10']:.2f}  median {dist['p50']:.2f}  p90 {dist['p90']:.2f}  "
+                     f"mean {dist['mean']:.2f}")
+        lines.append("  " + "  ".join(f"{k}: {v}" for k, v in report.ettr_histogram.items()))
+    for job in report.worst_jobs:
+        lines.append(f"  low: job {job['job_id']} ({job['user']}) ETTR {job['ettr']:.2f}, "
+                     f"{job['failures']} failures, lost {span(job['lost_s'])}")
+    return "\n".join(lines) + "\n"
