@@ -27,7 +27,7 @@ from wrapper.errors import JobwrapError, UserInputError
 from wrapper.state import JobState
 
 
-def _config() -> Config:
+def current_config() -> Config:
     root = click.get_current_context().find_root()
     path: str | None = (root.obj or {}).get("config_path")
     return config_mod.load(path)
@@ -46,7 +46,7 @@ def archive() -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
 def list_archives(user: str | None, since: str | None, as_json: bool) -> None:
     """One line per archived job, oldest first."""
-    cfg = _config()
+    cfg = current_config()
     found = store.list_archives(cfg.paths.archive_root, user=user,
                                 since=parse_since(since, time.time()) if since else None)
     if as_json:
@@ -74,7 +74,7 @@ def list_archives(user: str | None, since: str | None, as_json: bool) -> None:
 def show(job_id: str, user: str | None, as_json: bool, rerun: bool,
          attempt: int | None) -> None:
     """Summarize an archived job's manifest: job, attempts, code, exit, files."""
-    cfg = _config()
+    cfg = current_config()
     manifest = store.load_manifest(cfg.paths.archive_root, job_id, user)
     if rerun or attempt is not None:
         click.echo(rerun_line(manifest, attempt))
@@ -90,7 +90,7 @@ def show(job_id: str, user: str | None, as_json: bool, rerun: bool,
 @click.option("--user", metavar="NAME", default=None, help="The job's user (faster lookup).")
 def extract(job_id: str, dest: str, user: str | None) -> None:
     """Copy a job's archive into DIR, decompressed; never overwrites a file."""
-    cfg = _config()
+    cfg = current_config()
     written = store.extract(cfg.paths.archive_root, job_id, dest, user)
     click.echo(f"extracted {len(written)} files into {dest}")
 
@@ -100,7 +100,7 @@ def extract(job_id: str, dest: str, user: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
 def prune(dry_run: bool, as_json: bool) -> None:
     """Remove whole job archives, oldest first, past [archive] max_age_days and max_total_gb."""
-    cfg = _config()
+    cfg = current_config()
     removals = store.prune(cfg.paths.archive_root, cfg.archive.max_age_days,
                            int(cfg.archive.max_total_gb * (1 << 30)), time.time(),
                            dry_run=dry_run)
@@ -120,7 +120,7 @@ def prune(dry_run: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
 def status(job_id: str, as_json: bool) -> None:
     """The timeline of a job's attempts: nodes, health, checkpoints, failures, decisions."""
-    cfg = _config()
+    cfg = current_config()
     attempts = status_mod.timeline(JobState(Path(cfg.paths.state_dir), job_id))
     source = "state"
     manifest: dict[str, Any] = {}

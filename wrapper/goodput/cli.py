@@ -20,10 +20,10 @@ import click
 def report(since: str, user: str | None, as_json: bool) -> None:
     """Goodput of the archived jobs: failures by class and node, flaky nodes, MTBF,
     restart gaps, the ETTR distribution."""
-    from wrapper.archive.cli import _config, parse_since
+    from wrapper.archive.cli import current_config, parse_since
     from wrapper.goodput import report as report_mod
 
-    cfg = _config()
+    cfg = current_config()
     now = time.time()
     start = parse_since(since, now)
     jobs, problems = report_mod.from_archive(cfg.paths.archive_root, since=start, now=now,
