@@ -23,16 +23,19 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from wrapper.job import events as ev
 from wrapper.state import JobState
 
 RUNNING = "running"  # no sign of its end yet
 ENDING = "ending"    # an epilog has started, the verdict is not written yet
 ENDED = "ended"
 
-_INCIDENTS = {"hang", "gpu.fault", "walltime.signal", "directives.invalid",
-              "prolog.unhealthy", "checkpoint.suspect", "resume.chosen"}
+_INCIDENTS = {ev.Hang.KIND, ev.GpuFault.KIND, ev.WalltimeSignal.KIND,
+              ev.DirectivesInvalid.KIND, ev.PrologUnhealthy.KIND, ev.CheckpointSuspect.KIND,
+              ev.ResumeChosen.KIND}
 # what only root's hooks record
-_ROOT_ONLY = {"directives.invalid", "prolog.unhealthy", "checkpoint.suspect", "resume.chosen"}
+_ROOT_ONLY = {ev.DirectivesInvalid.KIND, ev.PrologUnhealthy.KIND, ev.CheckpointSuspect.KIND,
+              ev.ResumeChosen.KIND}
 
 
 @dataclass
@@ -82,7 +85,7 @@ def summarize(events: Iterable[dict[str, Any]]) -> list[AttemptSummary]:
         summary = attempts.setdefault(number, AttemptSummary(number))
         _apply(summary, event)
         ts = _finite(event.get("ts"))
-        if event.get("event") == "prolog.context" and event.get("source", "root") == "root" \
+        if event.get("event") == ev.PrologContext.KIND and event.get("source", "root") == "root" \
                 and ts is not None:
             prolog_starts[number] = min(ts, prolog_starts.get(number, ts))
     for number, started in prolog_starts.items():
@@ -122,18 +125,18 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
     by_root = event.get("source", "root") == "root"
     ts = _finite(event.get("ts"))
     node = str(event.get("node") or "")
-    if by_root and name in ("prolog.context", "epilog.context"):
+    if by_root and name in (ev.PrologContext.KIND, ev.EpilogContext.KIND):
         raw = event.get("context")
         context: dict[str, Any] = raw if isinstance(raw, dict) else {}
         for member in [*(context.get("nodes") or []), node]:
             if member and member not in summary.nodes:
                 summary.nodes.append(str(member))
-        if name == "prolog.context":
+        if name == ev.PrologContext.KIND:
             if summary.started_at is None or (ts is not None and ts < summary.started_at):
                 summary.started_at = ts
         elif summary.status == RUNNING:
             summary.status = ENDING
-    elif by_root and name == "attempt.end":
+    elif by_root and name == ev.AttemptEnd.KIND:
         summary.status, summary.ended_at = ENDED, ts
         summary.outcome, summary.detail = _str(event.get("kind")), _str(event.get("detail"))
         summary.exit_code, summary.exit_signal = _int(event.get("exit_code")), \
@@ -145,15 +148,15 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
         step = _int(event.get("checkpoint_step"))
         if event.get("checkpoint_path") and summary.latest_checkpoint is None:
             summary.latest_checkpoint, summary.latest_step = str(event["checkpoint_path"]), step
-    elif by_root and name == "health":
+    elif by_root and name == ev.Health.KIND:
         said = event.get("failures") or event.get("warnings") or []
         summary.health.append({"node": node, "phase": str(event.get("phase") or ""),
                                "verdict": str(event.get("verdict") or "?"),
                                "detail": "; ".join(str(s) for s in said)})
-    elif by_root and name == "health.unavailable":
+    elif by_root and name == ev.HealthUnavailable.KIND:
         summary.health.append({"node": node, "phase": "", "verdict": "unchecked",
                                "detail": str(event.get("error") or "")})
-    elif name == "checkpoint":
+    elif name == ev.Checkpoint.KIND:
         path, step = _str(event.get("path")), _int(event.get("step"))
         summary.checkpoints += 1
         entry = {"path": path, "step": step, "ts": ts}
@@ -161,7 +164,7 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
             entry["save_s"] = _float(event.get("save_s"))
         summary.checkpoint_list.append(entry)
         summary.latest_checkpoint, summary.latest_step = path, step
-    elif name == "resume.chosen" and not event.get("passed_over"):
+    elif name == ev.ResumeChosen.KIND and not event.get("passed_over"):
         pass  # an ordinary resume: the banner in the job's output says it
     elif name in _INCIDENTS and (by_root or name not in _ROOT_ONLY):
         summary.incidents.append(_incident(name, event))
@@ -170,19 +173,19 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
 
 
 def _incident(name: str, event: dict[str, Any]) -> str:
-    if name == "hang":
+    if name == ev.Hang.KIND:
         return f"hang: no progress for {event.get('idle_s')} s"
-    if name == "gpu.fault":
+    if name == ev.GpuFault.KIND:
         return f"GPU fault: {event.get('reason', '')}"
-    if name == "walltime.signal":
+    if name == ev.WalltimeSignal.KIND:
         return f"walltime: sent {event.get('signal', 'a signal')} before the time limit"
-    if name == "checkpoint.suspect":
+    if name == ev.CheckpointSuspect.KIND:
         return f"checkpoint {event.get('path')} is suspect ({event.get('reason', '')}); " \
                f"next attempt falls back to {event.get('fallback') or 'an older one'}"
-    if name == "resume.chosen":
+    if name == ev.ResumeChosen.KIND:
         return f"resumed from {event.get('path')}, falling back past the suspect " \
                f"{', '.join(str(p) for p in event.get('passed_over') or [])}"
-    if name == "prolog.unhealthy":
+    if name == ev.PrologUnhealthy.KIND:
         return f"{event.get('node', 'a node')} failed its prolog health check: " \
                f"{event.get('reason', '')}"
     return f"bad #JOBWRAP directives: {event.get('error', '')}"
