@@ -279,6 +279,10 @@ class SupervisorConfig(Section):
                                 non_negative=True)
     settle_seconds: float = _opt(10.0, "A checkpoint modified more recently than this is "
                                  "taken as still being written.", non_negative=True)
+    forensics_timeout: float = _opt(30.0, "Seconds a hung job is kept, before it is "
+                                    "ended, while the node watchers read every rank's "
+                                    "Python stack (py-spy) and the GPUs (0: no forensics).",
+                                    non_negative=True)
     node_watch: bool = _opt(True, "Start a root watcher of the job's GPUs on every "
                             "allocated node (Xids, NVML health at gpu_interval); on a fault "
                             "it drains the node and ends the job (wrapper/watch/).")

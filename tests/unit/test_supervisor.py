@@ -247,3 +247,13 @@ def test_a_later_attempt_ends_this_supervisor(tmp_path: Path) -> None:
     assert sup.finished
     assert [e["job_state"] for e in state.events() if e["event"] == "supervisor.end"] == \
         ["REQUEUED"]
+
+
+def test_a_hang_waits_for_the_forensics_before_ending_the_job(tmp_path: Path) -> None:
+    sup, _state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=30)
+    order: list[str] = []
+    sup.await_forensics = lambda: order.append(f"forensics, ended: {calls['end']}")
+    sup.tick()
+    clock.now += 31
+    sup.tick()
+    assert order == ["forensics, ended: []"] and calls["end"] == ["hang"]

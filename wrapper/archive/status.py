@@ -29,8 +29,9 @@ ENDING = "ending"    # an epilog has started, the verdict is not written yet
 ENDED = "ended"
 
 _INCIDENTS = {"hang", "gpu.fault", "walltime.signal", "directives.invalid",
-              "prolog.unhealthy"}
-_ROOT_ONLY = {"directives.invalid", "prolog.unhealthy"}  # what only root's hooks record
+              "prolog.unhealthy", "hang.forensics"}
+# what only root's hooks record
+_ROOT_ONLY = {"directives.invalid", "prolog.unhealthy", "hang.forensics"}
 
 
 @dataclass
@@ -146,6 +147,10 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
 def _incident(name: str, event: dict[str, Any]) -> str:
     if name == "hang":
         return f"hang: no progress for {event.get('idle_s')} s"
+    if name == "hang.forensics":
+        odd = "; ".join(str(o) for o in event.get("odd") or [])
+        return f"hang forensics: {'standing apart: ' + odd if odd else ''}" \
+               f"{' (' if odd else ''}{event.get('why', '')}{')' if odd else ''}"
     if name == "gpu.fault":
         return f"GPU fault: {event.get('reason', '')}"
     if name == "walltime.signal":

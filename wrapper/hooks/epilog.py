@@ -108,6 +108,7 @@ def _archive(ctx: JobContext, cfg: Config, store: JobStore, record: jobrecord.Jo
              backend: SlurmBackend, info: dict[str, str]) -> None:
     """This node's part of the attempt's archive; never fails the epilog."""
     from wrapper.archive import archive_attempt
+    from wrapper.watch.forensics import forensics_of
 
     script = ""
     if ctx.first_node:
@@ -120,7 +121,8 @@ def _archive(ctx: JobContext, cfg: Config, store: JobStore, record: jobrecord.Jo
             except JobwrapError as exc:
                 log.get().warning("epilog.script_unavailable", error=str(exc))
     result = archive_attempt(cfg, store.state, record, attempt=ctx.attempt, node=ctx.node,
-                             script_text=script, extra={"slurm": info})
+                             script_text=script, extra={"slurm": info,
+                                                        **forensics_of(store.state, ctx.node)})
     store.record(ev.Archived(attempt=ctx.attempt, node=ctx.node, path=str(result.path),
                              complete=result.complete, files=len(result.files),
                              problems=[str(p) for p in result.problems],
@@ -176,6 +178,9 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
         apply.requeue(ctx, cfg, store, backend, decision,
                       spawn=services.spawn if services else None)
     apply.tell_the_job(ctx, record, user, verdict, decision)
+    from wrapper.watch.forensics import conclude
+
+    conclude(state, ctx.job_id, ctx.attempt, record.stdout, user)  # a hang's stuck rank(s)
     return decision, gathered.info
 
 

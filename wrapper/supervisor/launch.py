@@ -123,7 +123,8 @@ def supervise(job_id: str, cfg: Config) -> int:
     supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
                             gpu_faults=_gpu_fault_reader(cfg, record),
-                            facts=channel.write if channel else None)
+                            facts=channel.write if channel else None,
+                            await_forensics=_forensics_waiter(cfg, state, attempt))
     supervisor.run()
     return 0
 
@@ -183,3 +184,25 @@ def _gpu_fault_reader(cfg: Config, record: JobRecord) -> Callable[[], list[str]]
                 if r.check in FAULT_CHECKS]
 
     return read
+
+
+def _forensics_waiter(cfg: Config, state: JobState, attempt: int) -> Callable[[], None] | None:
+    """Wait (bounded) until every node's watcher of ``attempt`` recorded its forensics."""
+    budget = cfg.supervisor.forensics_timeout
+    if budget <= 0 or not cfg.supervisor.node_watch:
+        return None
+
+    def wait() -> None:
+        end = time.monotonic() + budget
+        while True:
+            events = [e for e in state.events() if e.get("source") == "root"
+                      and e.get("attempt") == attempt]
+            watched = {e.get("node") for e in events if e.get("event") == "watch.started"}
+            done = {e.get("node") for e in events if e.get("event") == "watch.forensics"}
+            if watched <= done or time.monotonic() >= end:
+                log.get().info("supervisor.forensics", nodes=sorted(map(str, done)),
+                               missing=sorted(map(str, watched - done)))
+                return
+            time.sleep(0.5)
+
+    return wait

@@ -12,7 +12,7 @@ import argparse
 import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from wrapper import log
 from wrapper.config import Config
@@ -33,14 +33,15 @@ def pid_file(node: str) -> str:
 
 def start(ctx: JobContext, cfg: Config, state: JobState) -> str | None:
     """Start the watcher of this node (prolog, root); returns how, None when not started."""
-    if not cfg.supervisor.node_watch or not ctx.gpus or os.geteuid() != 0:
+    if not cfg.supervisor.node_watch or os.geteuid() != 0:  # GPUs or not: hang forensics
         return None
     import sys
 
     from wrapper import detach
 
     argv = [sys.executable, "-I", "-m", MODULE, ctx.job_id, "--node", ctx.node,
-            "--attempt", str(ctx.attempt), "--gpus", ",".join(map(str, ctx.gpus))]
+            "--attempt", str(ctx.attempt), "--gpus", ",".join(map(str, ctx.gpus)),
+            "--uid", str(ctx.uid), "--gid", str(ctx.gid)]
     pid = detach.spawn(argv, detach.hook_env(cfg.source))
     state.append("watch.started", attempt=ctx.attempt, node=ctx.node, pid=pid)
     return f"detached:{pid}"
@@ -101,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--node", required=True)
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--gpus", required=True)
+    parser.add_argument("--uid", type=int, default=-1)
+    parser.add_argument("--gid", type=int, default=-1)
     args = parser.parse_args(argv)
     import time
 
@@ -114,6 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.configure(file=cfg.log.file, level=cfg.log.level, stderr_format="logfmt")
     log.bind(hook="watch", job_id=args.job_id, node=args.node, attempt=args.attempt)
     gpus = [int(g) for g in args.gpus.split(",") if g]
+    if not gpus:  # a job without GPUs: the watcher is there for the hang forensics only
+        read_gpu_faults: Callable[[], list[Fault]] = list
+    else:
+        def read_gpu_faults() -> list[Fault]:
+            return read_faults(cfg, args.node, gpus)
     state = state_mod.for_job(cfg, args.job_id)
     state.write_json(pid_file(args.node), {
         "pid": os.getpid(), "started": psutil.Process().create_time(),
@@ -151,11 +159,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.get().error("watch.end_failed", error=str(exc))
 
     sup = cfg.supervisor
+    from wrapper.watch import forensics as fx
+
+    trigger = fx.Trigger(state, args.attempt)
+
+    def forensics() -> None:
+        if args.uid < 0 or sup.forensics_timeout <= 0 or not trigger.wanted():
+            return
+        found = fx.collect(cfg, job_id=args.job_id, node=args.node, attempt=args.attempt,
+                           uid=args.uid, gid=args.gid, gpus=gpus,
+                           budget=max(2.0, sup.forensics_timeout - sup.gpu_interval))
+        state.write_json(fx.file_name(args.node), found)
+        state.append("watch.forensics", attempt=args.attempt, node=args.node,
+                     ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",
+                                                   "in_collective", "error")}
+                            for r in found["ranks"]],
+                     problems=found["problems"], seconds=found["seconds"])
+
     watcher = Watcher(job_id=args.job_id, node=args.node, attempt=args.attempt,
                       interval=sup.gpu_interval, slurm_interval=sup.slurm_interval,
                       slurm_unreachable=sup.slurm_unreachable,
-                      read_faults=lambda: read_faults(cfg, args.node, gpus),
+                      read_faults=read_gpu_faults,
                       job_state=job_state, superseded=superseded, on_fault=on_fault,
+                      forensics=forensics,
                       clock=time.monotonic)
     watcher.run(sleep=done.wait, stopped=done.is_set)
     return 0
