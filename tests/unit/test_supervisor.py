@@ -170,7 +170,7 @@ def test_walltime_signal_before_the_limit(tmp_path: Path) -> None:
     clock.now += 400  # 200 s left < 300 s lead
     sup.tick()
     sup.tick()
-    assert calls["signal"] == ["USR1"]
+    assert calls["signal"] == ["URG"]
     assert events(state).count("walltime.signal") == 1
 
 
@@ -233,7 +233,7 @@ def test_walltime_signal_is_retried_until_a_step_gets_it(tmp_path: Path) -> None
     for _ in range(5):
         clock.now += 2
         sup.tick()
-    assert tries == ["USR1", "USR1", "USR1"]
+    assert tries == ["URG", "URG", "URG"]
     assert events(state).count("walltime.signal") == 1
 
 

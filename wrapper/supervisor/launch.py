@@ -83,11 +83,10 @@ def supervise(job_id: str, cfg: Config) -> int:
         return True
 
     def signal_job(sig: str) -> bool:
-        # Like Slurm's own --signal (without B:), to the job's steps; none yet: try later.
+        # Like Slurm's own --signal (without B:), to the job's steps; a job without steps
+        # (no srun) gets it in its batch shell (scancel --full), else it would get none.
         try:
-            if not backend.job_steps(job_id):
-                return False
-            backend.signal_job(job_id, sig)
+            backend.signal_job(job_id, sig, full=not backend.job_steps(job_id))
         except JobwrapError as exc:
             log.get().warning("supervisor.signal_failed", error=str(exc))
             return False
