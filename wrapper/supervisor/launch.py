@@ -23,6 +23,8 @@ from wrapper.jobrecord import JobRecord
 from wrapper.runner import Runner
 from wrapper.state import JobState
 
+BATCH_SHELL_SETTLE = 5.0  # seconds a batch shell runs before it is sent the walltime signal
+
 UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 SUPERVISOR_LOG_MAX = 16 << 20  # bytes; past it one log.capped line, then nothing
 SLURM_ASK_EVERY = 60.0  # seconds: the most a supervisor asks slurmctld at steady state
@@ -86,7 +88,10 @@ def supervise(job_id: str, cfg: Config) -> int:
         # Like Slurm's own --signal (without B:), to the job's steps; a job without steps
         # (no srun) gets it in its batch shell (scancel --full), else it would get none.
         try:
-            backend.signal_job(job_id, sig, full=not backend.job_steps(job_id))
+            steps = backend.job_steps(job_id)
+            if not steps and time.time() - (record.start_time or 0) < BATCH_SHELL_SETTLE:
+                return False  # its batch shell may not have set its trap yet: next look
+            backend.signal_job(job_id, sig, full=not steps)
         except JobwrapError as exc:
             log.get().warning("supervisor.signal_failed", error=str(exc))
             return False
