@@ -273,12 +273,19 @@ class SupervisorConfig(Section):
     slurm_unreachable: float = _opt(600.0, "Seconds without an answer from Slurm after "
                                      "which the supervisor gives up on its job and exits.",
                                      positive=True)
-    walltime_signal: str = _opt("USR1", "Signal sent to the job's steps before its time "
-                                "limit when it did not ask for one (--signal).")
+    walltime_signal: str = _opt("URG", "Signal sent to the job's steps (to its batch shell "
+                                "when it has none) before its time limit when it did not ask "
+                                "for one (--signal). URG: ignored unless trapped, and neither "
+                                "Lightning (USR1: save and requeue itself) nor torchrun/NCCL "
+                                "(TERM: shut down) reads it as something else.")
     walltime_lead: float = _opt(300.0, "Seconds before the time limit to send it.",
                                 non_negative=True)
     settle_seconds: float = _opt(10.0, "A checkpoint modified more recently than this is "
                                  "taken as still being written.", non_negative=True)
+    forensics_timeout: float = _opt(30.0, "Seconds a hung job is kept, before it is "
+                                    "ended, while the node watchers read every rank's "
+                                    "Python stack (py-spy) and the GPUs (0: no forensics).",
+                                    non_negative=True)
     node_watch: bool = _opt(True, "Start a root watcher of the job's GPUs on every "
                             "allocated node (Xids, NVML health at gpu_interval); on a fault "
                             "it drains the node and ends the job (wrapper/watch/).")

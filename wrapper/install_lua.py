@@ -38,8 +38,8 @@ class SiteDefaults:
     requeue: bool = True
     max_restarts: int = 3
     max_restarts_limit: int = -1
-    signal_name: str = "USR1"
-    signal_number: int = 10
+    signal_name: str = "URG"
+    signal_number: int = 23
     signal_lead: int = 300
 
     @classmethod

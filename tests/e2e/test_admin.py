@@ -47,14 +47,14 @@ def test_requeue_default_and_the_users_no(cluster: Cluster, script_line: str,
 def test_walltime_signal_reaches_a_job_that_asked_for_none(cluster: Cluster) -> None:
     job_id = cluster.submit(
         "#!/bin/bash\n#SBATCH --time=1\n#SBATCH --output=sig-%j.out\n"
-        "srun bash -c 'trap \"echo got USR1; exit 0\" USR1; for i in $(seq 60); do sleep 0.5;"
+        "srun bash -c 'trap \"echo got URG; exit 0\" URG; for i in $(seq 60); do sleep 0.5;"
         " done'\n", name="sig.sh")
     info = cluster.wait_job(job_id, timeout=90)
     assert info["JobState"] == "COMPLETED", info
-    assert "got USR1" in (cluster.work / f"sig-{job_id}.out").read_text()
+    assert "got URG" in (cluster.work / f"sig-{job_id}.out").read_text()
     events = [e for e in JobState(cluster.state_dir, job_id).events()
               if e["event"] == "walltime.signal"]
-    assert len(events) == 1 and events[0]["signal"] == "USR1"
+    assert len(events) == 1 and events[0]["signal"] == "URG"
 
 
 def test_doctor_passes_on_the_cluster_and_names_each_fix(cluster: Cluster, tmp_path: Path

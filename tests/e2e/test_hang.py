@@ -8,7 +8,9 @@ must requeue it; the second attempt resumes from rank 0's checkpoint and finishe
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 from pathlib import Path
 
 from wrapper.sandbox.cluster import Cluster
@@ -78,3 +80,31 @@ export PORT=$((20000 + SLURM_JOB_ID % 20000))
     ends = [(e["attempt"], e["kind"], e["decision"]) for e in events
             if e["event"] == "attempt.end" and e["source"] == "root"]
     assert ends == [(0, "hang", "requeue"), (1, "success", "done")], ends
+    _check_forensics(cluster, job_id, events, output)
+
+
+def _check_forensics(cluster: Cluster, job_id: str, events: list[dict[str, object]],
+                     output: str) -> None:
+    """Before the end, the watchers read both ranks' stacks: rank 1, asleep outside the
+    all-reduce rank 0 waits in, is named in root's record, the output, the status and the
+    archive."""
+    stuck_at = "main (ddp_train.py:" + str(next(
+        i for i, line in enumerate(TRAIN.splitlines(), 1) if "time.sleep(100000)" in line)) + ")"
+    named = [e for e in events if e["event"] == "hang.forensics" and e["source"] == "root"]
+    assert len(named) == 1 and named[0]["attempt"] == 0, named
+    odd = named[0]["odd"]
+    assert isinstance(odd, list) and len(odd) == 1 and stuck_at in odd[0], named
+    assert "1 of 2 ranks wait inside a collective" in str(named[0]["why"]), named
+    assert "hang forensics of attempt 0: standing apart:" in output and stuck_at in output
+    status = subprocess.run([str(cluster.runtime / "venv" / "bin" / "jobwrap"), "--config",
+                             str(cluster.jobwrap_config), "status", job_id],
+                            capture_output=True, text=True, env=cluster.env(), timeout=60,
+                            check=False)
+    assert status.returncode == 0 and stuck_at in status.stdout, status
+    archive = cluster.base / "jobwrap" / "archive" / cluster.spec.user / job_id
+    parts = [json.loads(p.read_text()) for p in archive.glob("attempt-0/*/part.json")]
+    taken = [p["extra"]["forensics"] for p in parts if "forensics" in p.get("extra", {})]
+    assert taken, [sorted(p) for p in parts]
+    ranks = [r for f in taken for r in f["ranks"] if r.get("frames")]
+    assert len(ranks) == 2 and any(stuck_at == r["signature"] for r in ranks), taken
+    assert all(r["in_collective"] for r in ranks if r["signature"] != stuck_at), taken

@@ -83,7 +83,8 @@ def test_a_healthy_prolog_records_the_job_once_and_checks_through_the_probe_seam
     # only this node's root fault feed, for this job, its node and its GPUs
     [watcher] = spawned
     assert list(watcher[watcher.index("wrapper.watch"):]) == [
-        "wrapper.watch", JOB, "--node", "n1", "--attempt", "0", "--gpus", "0,1"]
+        "wrapper.watch", JOB, "--node", "n1", "--attempt", "0", "--gpus", "0,1",
+        "--uid", str(os.getuid()), "--gid", str(os.getgid())]
     assert jobrecord.load(store.state).stdout == str(tmp_path / "out")
 
 

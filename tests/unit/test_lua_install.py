@@ -32,7 +32,7 @@ def _site_value(text: str, key: str) -> str:
 def test_the_template_holds_the_default_site() -> None:
     text = template()
     assert render(SiteDefaults()) == text
-    assert _site_value(text, "signal_number") == "10"
+    assert _site_value(text, "signal_number") == "23"  # URG
 
 
 def test_site_from_the_config(tmp_path: Path) -> None:

@@ -118,8 +118,8 @@ def test_no_signal_fields_in_slurm_22_05_so_none_are_set(lua: str, tmp_path: Pat
 
 
 @pytest.mark.parametrize(("current", "expected"), [
-    (NO_VAL16, {"warn_signal": 10, "warn_time": 300, "warn_flags": 0}),
-    (0, {"warn_signal": 10, "warn_time": 300, "warn_flags": 0}),
+    (NO_VAL16, {"warn_signal": 23, "warn_time": 300, "warn_flags": 0}),
+    (0, {"warn_signal": 23, "warn_time": 300, "warn_flags": 0}),
     (12, {}),  # the job's own --signal
 ])
 def test_signal_where_the_plugin_exposes_it(lua: str, tmp_path: Path, current: int,

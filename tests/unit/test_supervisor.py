@@ -170,7 +170,7 @@ def test_walltime_signal_before_the_limit(tmp_path: Path) -> None:
     clock.now += 400  # 200 s left < 300 s lead
     sup.tick()
     sup.tick()
-    assert calls["signal"] == ["USR1"]
+    assert calls["signal"] == ["URG"]
     assert events(state).count("walltime.signal") == 1
 
 
@@ -233,7 +233,7 @@ def test_walltime_signal_is_retried_until_a_step_gets_it(tmp_path: Path) -> None
     for _ in range(5):
         clock.now += 2
         sup.tick()
-    assert tries == ["USR1", "USR1", "USR1"]
+    assert tries == ["URG", "URG", "URG"]
     assert events(state).count("walltime.signal") == 1
 
 
@@ -247,3 +247,13 @@ def test_a_later_attempt_ends_this_supervisor(tmp_path: Path) -> None:
     assert sup.finished
     assert [e["job_state"] for e in state.events() if e["event"] == "supervisor.end"] == \
         ["REQUEUED"]
+
+
+def test_a_hang_waits_for_the_forensics_before_ending_the_job(tmp_path: Path) -> None:
+    sup, _state, clock, _ckpt, _out, calls, _ = make(tmp_path, hang=30)
+    order: list[str] = []
+    sup.await_forensics = lambda: order.append(f"forensics, ended: {calls['end']}")
+    sup.tick()
+    clock.now += 31
+    sup.tick()
+    assert order == ["forensics, ended: []"] and calls["end"] == ["hang"]

@@ -32,10 +32,10 @@ ENDED = "ended"
 
 _INCIDENTS = {ev.Hang.KIND, ev.GpuFault.KIND, ev.WalltimeSignal.KIND,
               ev.DirectivesInvalid.KIND, ev.PrologUnhealthy.KIND, ev.CheckpointSuspect.KIND,
-              ev.ResumeChosen.KIND}
+              ev.ResumeChosen.KIND, ev.HangForensics.KIND}
 # what only root's hooks record
 _ROOT_ONLY = {ev.DirectivesInvalid.KIND, ev.PrologUnhealthy.KIND, ev.CheckpointSuspect.KIND,
-              ev.ResumeChosen.KIND}
+              ev.ResumeChosen.KIND, ev.HangForensics.KIND}
 
 
 @dataclass
@@ -175,6 +175,10 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
 def _incident(name: str, event: dict[str, Any]) -> str:
     if name == ev.Hang.KIND:
         return f"hang: no progress for {event.get('idle_s')} s"
+    if name == ev.HangForensics.KIND:
+        odd = "; ".join(str(o) for o in event.get("odd") or [])
+        return f"hang forensics: {'standing apart: ' + odd if odd else ''}" \
+               f"{' (' if odd else ''}{event.get('why', '')}{')' if odd else ''}"
     if name == ev.GpuFault.KIND:
         return f"GPU fault: {event.get('reason', '')}"
     if name == ev.WalltimeSignal.KIND:

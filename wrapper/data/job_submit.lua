@@ -36,8 +36,8 @@ local SITE = {
     max_restarts_limit = -1,
     -- Pre-timeout checkpoint signal ([supervisor] walltime_signal / walltime_lead):
     -- its number, and seconds before the time limit; 0 seconds: none.
-    signal_name = "USR1",
-    signal_number = 10,
+    signal_name = "URG",
+    signal_number = 23,
     signal_lead = 300,
 }
 -- END SITE

@@ -108,6 +108,7 @@ def _archive(ctx: JobContext, cfg: Config, store: JobStore, record: jobrecord.Jo
              backend: SlurmBackend, info: dict[str, str]) -> None:
     """This node's part of the attempt's archive; never fails the epilog."""
     from wrapper.archive import archive_attempt
+    from wrapper.watch.forensics import forensics_of
 
     script = ""
     if ctx.first_node:
@@ -120,7 +121,8 @@ def _archive(ctx: JobContext, cfg: Config, store: JobStore, record: jobrecord.Jo
             except JobwrapError as exc:
                 log.get().warning("epilog.script_unavailable", error=str(exc))
     result = archive_attempt(cfg, store.state, record, attempt=ctx.attempt, node=ctx.node,
-                             script_text=script, extra={"slurm": info})
+                             script_text=script, extra={"slurm": info,
+                                                        **forensics_of(store.state, ctx.node)})
     store.record(ev.Archived(attempt=ctx.attempt, node=ctx.node, path=str(result.path),
                              complete=result.complete, files=len(result.files),
                              problems=[str(p) for p in result.problems],
@@ -186,6 +188,9 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
     after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
                   decision=decision.action, reason=decision.reason, user=record.user)
     apply.tell_the_job(ctx, record, user, verdict, decision)
+    from wrapper.watch.forensics import conclude
+
+    conclude(state, ctx.job_id, ctx.attempt, record.stdout, user)  # a hang's stuck rank(s)
     return decision, gathered.info
 
 

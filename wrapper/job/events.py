@@ -317,6 +317,55 @@ class CheckpointSuspect(Event):
     reason: str = ""
 
 
+@kind("hang.forensics", writer="root")
+@dataclass(frozen=True)
+class HangForensics(Event):
+    """The first node's reading of every node's forensics of a hung attempt: the rank(s)
+    whose stack stands apart from the majority (``odd``), and why."""
+
+    nodes: list[str] = field(default_factory=list)
+    ranks: int = 0
+    odd: list[str] = field(default_factory=list)
+    why: str = ""
+
+
+# -- root's node watchers (wrapper/watch/) ---------------------------------------------------
+@kind("watch.started", writer="root")
+@dataclass(frozen=True)
+class WatchStarted(Event):
+    """The prolog started this node's root fault feed (pid: the watcher's)."""
+
+    pid: int = 0
+
+
+@kind("watch.fault", writer="root")
+@dataclass(frozen=True)
+class WatchFault(_Faults):
+    """The node's watcher saw a GPU fault mid-run (an Xid, NVML health): it drains the node
+    with ``reason`` and ends the job."""
+
+    reason: str = ""
+
+
+@kind("watch.ended_job", writer="root")
+@dataclass(frozen=True)
+class WatchEndedJob(Event):
+    """The watcher ended the job after a fault on its node."""
+
+    reason: str = ""
+
+
+@kind("watch.forensics", writer="root")
+@dataclass(frozen=True)
+class WatchForensics(Event):
+    """The node's part of a hang's forensics: each rank's stack signature (py-spy, as the
+    job's user), the problems met, and the seconds it took."""
+
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
 @kind("requeue.failed", writer="root")
 @dataclass(frozen=True)
 class RequeueFailed(_Failed):

@@ -258,6 +258,8 @@ class Cluster:
         # Dependencies once; later ups reinstall only jobwrap itself, from this checkout.
         extra = [] if fresh else ["--no-deps", "--force-reinstall"]
         runner.run([*pip, *extra, str(stage)], timeout=600)
+        if not fresh:  # a dependency added since the venv was made (py-spy): only those
+            runner.run([*pip, str(stage)], timeout=600)
         wheel = flavor.pyslurm_wheel(self.spec.slurm_prefix)
         if fresh and wheel is not None:  # built against this very Slurm
             runner.run([*pip, "--no-deps", str(wheel)], timeout=600)

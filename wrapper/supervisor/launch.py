@@ -19,6 +19,7 @@ from wrapper import log
 from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
 from wrapper.job.paths import SUPERVISOR_LOG
 from wrapper.jobrecord import JobRecord
 from wrapper.runner import Runner
@@ -26,6 +27,8 @@ from wrapper.state import JobState
 
 if TYPE_CHECKING:
     from wrapper.slurm import SlurmBackend
+
+BATCH_SHELL_SETTLE = 5.0  # seconds a batch shell runs before it is sent the walltime signal
 
 UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 SUPERVISOR_LOG_MAX = 16 << 20  # bytes; past it one log.capped line, then nothing
@@ -87,11 +90,13 @@ def supervise(job_id: str, cfg: Config) -> int:
         return True
 
     def signal_job(sig: str) -> bool:
-        # Like Slurm's own --signal (without B:), to the job's steps; none yet: try later.
+        # Like Slurm's own --signal (without B:), to the job's steps; a job without steps
+        # (no srun) gets it in its batch shell (scancel --full), else it would get none.
         try:
-            if not backend.job_steps(job_id):
-                return False
-            backend.signal_job(job_id, sig)
+            steps = backend.job_steps(job_id)
+            if not steps and time.time() - (record.start_time or 0) < BATCH_SHELL_SETTLE:
+                return False  # its batch shell may not have set its trap yet: next look
+            backend.signal_job(job_id, sig, full=not steps)
         except JobwrapError as exc:
             log.get().warning("supervisor.signal_failed", error=str(exc))
             return False
@@ -102,7 +107,8 @@ def supervise(job_id: str, cfg: Config) -> int:
     supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
                             gpu_faults=_gpu_fault_reader(cfg, record),
-                            facts=channel.write if channel else None)
+                            facts=channel.write if channel else None,
+                            await_forensics=_forensics_waiter(cfg, state, attempt))
     supervisor.run()
     return 0
 
@@ -129,7 +135,7 @@ class SlurmLook:
         self.unreachable_since: float | None = None
 
     def __call__(self) -> str:
-        if any(e.get("event") == "epilog.context" and e.get("attempt") == self.attempt
+        if any(e.get("event") == ev.EpilogContext.KIND and e.get("attempt") == self.attempt
                and e.get("source") == "root" for e in self.state.events()):
             return "COMPLETING"
         now = self.clock()
@@ -204,3 +210,25 @@ def _gpu_fault_reader(cfg: Config, record: JobRecord) -> Callable[[], list[str]]
                 if r.check in FAULT_CHECKS]
 
     return read
+
+
+def _forensics_waiter(cfg: Config, state: JobState, attempt: int) -> Callable[[], None] | None:
+    """Wait (bounded) until every node's watcher of ``attempt`` recorded its forensics."""
+    budget = cfg.supervisor.forensics_timeout
+    if budget <= 0 or not cfg.supervisor.node_watch:
+        return None
+
+    def wait() -> None:
+        end = time.monotonic() + budget
+        while True:
+            events = [e for e in state.events() if e.get("source") == "root"
+                      and e.get("attempt") == attempt]
+            watched = {e.get("node") for e in events if e.get("event") == ev.WatchStarted.KIND}
+            done = {e.get("node") for e in events if e.get("event") == ev.WatchForensics.KIND}
+            if watched <= done or time.monotonic() >= end:
+                log.get().info("supervisor.forensics", nodes=sorted(map(str, done)),
+                               missing=sorted(map(str, watched - done)))
+                return
+            time.sleep(0.5)
+
+    return wait

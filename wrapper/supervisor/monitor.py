@@ -54,6 +54,7 @@ class Supervisor:
                  end_job: Callable[[str], bool], signal_job: Callable[[str], bool],
                  gpu_faults: Callable[[], list[str]] | None = None,
                  facts: Callable[[dict[str, Any]], None] | None = None,
+                 await_forensics: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.record = record
         self.state = state
@@ -64,6 +65,7 @@ class Supervisor:
         self.signal_job = signal_job
         self.gpu_faults = gpu_faults
         self.facts = facts
+        self.await_forensics = await_forensics  # the node watchers' stacks, before the end
         self.clock = clock
         options = record.job_options
         # --hang-timeout=off is 0; not given: the site's fixed default, else learned
@@ -98,6 +100,8 @@ class Supervisor:
                        learned=self.fixed_hang_timeout is None,
                        cadence_s=round(self.seen.longest_gap, 1),
                        last_checkpoint=self.seen.checkpoint)
+            if self.await_forensics is not None:
+                self.await_forensics()
             self._end("hang")
         if self.gpu_faults is not None and now >= self._next_gpu:
             self._next_gpu = now + self.cfg.gpu_interval

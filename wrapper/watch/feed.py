@@ -29,12 +29,14 @@ class Watcher:
                  job_state: Callable[[], str | None],
                  superseded: Callable[[], bool],
                  on_fault: Callable[[list[Fault]], None],
+                 forensics: Callable[[], object] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.job_id, self.node, self.attempt = job_id, node, attempt
         self.interval, self.slurm_interval = interval, slurm_interval
         self.slurm_unreachable = slurm_unreachable
         self.read_faults, self.job_state, self.superseded = read_faults, job_state, superseded
         self.on_fault = on_fault
+        self.forensics = forensics  # each tick: takes the hang forensics once when asked
         self.clock = clock
         self.finished = ""  # why it stopped; empty while it watches
         self.acted = False
@@ -44,6 +46,8 @@ class Watcher:
 
     def tick(self) -> None:
         now = self.clock()
+        if self.forensics is not None:
+            self.forensics()
         if now >= self._next_gpu and not self.acted:
             self._next_gpu = now + self.interval
             faults = self.read_faults()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 from wrapper.watch.feed import Fault, Watcher
@@ -35,19 +36,20 @@ def start(ctx: JobContext, cfg: Config, state: JobState,
           spawn: Callable[[Sequence[str]], object] | None = None) -> str | None:
     """Start the watcher of this node (prolog, root); returns how, None when not started.
     ``spawn`` (the hook's injected spawner, a fake in unit tests) replaces the detach."""
-    if not cfg.supervisor.node_watch or not ctx.gpus or os.geteuid() != 0:
+    if not cfg.supervisor.node_watch or os.geteuid() != 0:  # GPUs or not: hang forensics
         return None
     import sys
 
     from wrapper import detach
 
     argv = [sys.executable, "-I", "-m", MODULE, ctx.job_id, "--node", ctx.node,
-            "--attempt", str(ctx.attempt), "--gpus", ",".join(map(str, ctx.gpus))]
+            "--attempt", str(ctx.attempt), "--gpus", ",".join(map(str, ctx.gpus)),
+            "--uid", str(ctx.uid), "--gid", str(ctx.gid)]
     if spawn is not None:
         spawn(argv)
         return "spawned"
     pid = detach.spawn(argv, detach.hook_env(cfg.source))
-    state.append("watch.started", attempt=ctx.attempt, node=ctx.node, pid=pid)
+    state.append(ev.WatchStarted.KIND, attempt=ctx.attempt, node=ctx.node, pid=pid)
     return f"detached:{pid}"
 
 
@@ -106,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--node", required=True)
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--gpus", required=True)
+    parser.add_argument("--uid", type=int, default=-1)
+    parser.add_argument("--gid", type=int, default=-1)
     args = parser.parse_args(argv)
     import time
 
@@ -119,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.configure(file=cfg.log.file, level=cfg.log.level, stderr_format="logfmt")
     log.bind(hook="watch", job_id=args.job_id, node=args.node, attempt=args.attempt)
     gpus = [int(g) for g in args.gpus.split(",") if g]
+    if not gpus:  # a job without GPUs: the watcher is there for the hang forensics only
+        read_gpu_faults: Callable[[], list[Fault]] = list
+    else:
+        def read_gpu_faults() -> list[Fault]:
+            return read_faults(cfg, args.node, gpus)
     state = state_mod.for_job(cfg, args.job_id)
     state.write_json(pid_file(args.node), {
         "pid": os.getpid(), "started": psutil.Process().create_time(),
@@ -135,13 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return None
 
     def superseded() -> bool:
-        return any(e.get("event") == "prolog.context" and e.get("source") == "root"
+        return any(e.get("event") == ev.PrologContext.KIND and e.get("source") == "root"
                    and e.get("node") == args.node and int(e.get("attempt", 0)) > args.attempt
                    for e in state.events())
 
     def on_fault(faults: list[Fault]) -> None:
         reason = faults[0].reason
-        state.append("watch.fault", attempt=args.attempt, node=args.node,
+        state.append(ev.WatchFault.KIND, attempt=args.attempt, node=args.node,
                      faults=[f.reason for f in faults], reason=reason)
         log.get().error("watch.fault", reason=reason, faults=len(faults))
         try:  # first: the first node's decision learns of it from Slurm
@@ -150,17 +159,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.get().error("watch.drain_failed", error=str(exc))
         try:
             backend.signal_job(args.job_id, "KILL", full=True)
-            state.append("watch.ended_job", attempt=args.attempt, node=args.node,
+            state.append(ev.WatchEndedJob.KIND, attempt=args.attempt, node=args.node,
                          reason=reason)
         except JobwrapError as exc:
             log.get().error("watch.end_failed", error=str(exc))
 
     sup = cfg.supervisor
+    from wrapper.watch import forensics as fx
+
+    trigger = fx.Trigger(state, args.attempt)
+
+    def forensics() -> None:
+        if args.uid < 0 or sup.forensics_timeout <= 0 or not trigger.wanted():
+            return
+        found = fx.collect(cfg, job_id=args.job_id, node=args.node, attempt=args.attempt,
+                           uid=args.uid, gid=args.gid, gpus=gpus,
+                           budget=max(2.0, sup.forensics_timeout - sup.gpu_interval))
+        state.write_json(fx.file_name(args.node), found)
+        state.append(ev.WatchForensics.KIND, attempt=args.attempt, node=args.node,
+                     ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",
+                                                   "in_collective", "error")}
+                            for r in found["ranks"]],
+                     problems=found["problems"], seconds=found["seconds"])
+
     watcher = Watcher(job_id=args.job_id, node=args.node, attempt=args.attempt,
                       interval=sup.gpu_interval, slurm_interval=sup.slurm_interval,
                       slurm_unreachable=sup.slurm_unreachable,
-                      read_faults=lambda: read_faults(cfg, args.node, gpus),
+                      read_faults=read_gpu_faults,
                       job_state=job_state, superseded=superseded, on_fault=on_fault,
+                      forensics=forensics,
                       clock=time.monotonic)
     watcher.run(sleep=done.wait, stopped=done.is_set)
     return 0

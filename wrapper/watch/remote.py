@@ -14,6 +14,7 @@ from typing import Any
 
 from wrapper import log
 from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
 from wrapper.slurm import SlurmBackend
 
 
@@ -23,7 +24,7 @@ def faults_elsewhere(backend: SlurmBackend, nodes: Sequence[str], here: str, att
     found: dict[str, str] = {}
     for e in root_events:
         node = str(e.get("node", ""))
-        if e.get("event") == "watch.fault" and e.get("attempt") == attempt and node != here \
+        if e.get("event") == ev.WatchFault.KIND and e.get("attempt") == attempt and node != here \
                 and node in nodes:
             found[node] = str(e.get("reason", "a GPU fault"))
     for node in nodes:

@@ -1,0 +1,299 @@
+"""Hang forensics: every rank's Python stack and the node's GPUs, taken before a hung job ends.
+
+When the supervisor declares a hang it writes ``hang`` to its root-owned fact channel and
+waits (``[supervisor] forensics_timeout``) before ending the job. Each node's watcher sees
+that fact and, as root, finds the job's processes on its node from facts the user cannot
+forge: ``/proc/PID/status`` says the process is the job user's (real, effective, saved and
+file-system uid alike) and ``/proc/PID/environ``, read by root, carries
+``SLURM_JOB_ID=<job>``. A process of anyone else is never a candidate, whatever its
+environment says. py-spy then reads each candidate's stack **with the job user's rights**
+(``osl.child.call_as``: the kernel refuses it any process that is not the user's), each
+dump bounded in time, the whole bounded again by the helper's deadline. The node's GPUs'
+utilisation and memory come from the probe.
+
+The watcher keeps the result as ``forensics-<node>.json`` (root's, archived with the
+attempt) and a ``watch.forensics`` root event; the first node's epilog compares all
+nodes' ranks (``odd_ones``) and names the rank(s) standing apart, for instance the one
+not inside the collective the others wait in, in a ``hang.forensics`` root event and the
+job's output.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from wrapper import log
+from wrapper.job import events as ev
+
+MAX_PROCS = 64  # candidates on one node: a user spawning thousands costs root nothing more
+MAX_FRAMES = 40
+PROC_READ_MAX = 256 << 10
+DUMP_TIMEOUT = 5.0  # one process's dump; a process that blocks py-spy costs this, no more
+# The helpers multiprocessing starts beside the ranks: never a rank.
+HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver",
+           "multiprocessing.semaphore_tracker")
+COLLECTIVE_FILES = ("torch/distributed/", "torch/nn/parallel/distributed", "deepspeed/comm",
+                    "mpi4py", "horovod", "jax/_src/distributed")
+COLLECTIVE_NAMES = frozenset({"all_reduce", "allreduce", "all_gather", "allgather",
+                              "broadcast", "barrier", "reduce_scatter", "all_to_all",
+                              "alltoall", "monitored_barrier", "wait"})
+
+
+def file_name(node: str) -> str:
+    return f"forensics-{node}.json"
+
+
+def _read_proc(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return os.read(fd, PROC_READ_MAX)
+    finally:
+        os.close(fd)
+
+
+def job_processes(job_id: str, uid: int, proc: str = "/proc") -> list[dict[str, Any]]:
+    """The job user's processes on this node whose environment names ``job_id``."""
+    found: list[dict[str, Any]] = []
+    try:
+        entries = sorted(int(e) for e in os.listdir(proc) if e.isdigit())
+    except OSError:
+        return []
+    want = f"SLURM_JOB_ID={job_id}".encode()
+    for pid in entries:
+        try:
+            status = _read_proc(f"{proc}/{pid}/status").decode("ascii", "replace")
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            uids = {int(u) for u in fields.get("Uid", "").split()}
+            if uids != {uid}:  # anyone else's (or a setuid one's): never a candidate
+                continue
+            env = _read_proc(f"{proc}/{pid}/environ").split(b"\0")
+            if want not in env:
+                continue
+            cmd = _read_proc(f"{proc}/{pid}/cmdline").replace(b"\0", b" ")
+        except (OSError, ValueError):
+            continue  # gone, or not readable: not a candidate
+        values = dict(v.split(b"=", 1) for v in env if b"=" in v)
+        rank = next((values[k].decode(errors="replace") for k in (b"RANK", b"PMI_RANK",
+                     b"OMPI_COMM_WORLD_RANK") if k in values), None)
+        found.append({"pid": pid, "ppid": int(fields.get("PPid", "0").strip() or 0),
+                      "rank": rank, "cmd": cmd.decode(errors="replace").strip()[:200]})
+        if len(found) >= MAX_PROCS:
+            break
+    return found
+
+
+def leaves(procs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The processes that could be ranks: none of the others is their child, no helper."""
+    parents = {p["ppid"] for p in procs}
+    return [p for p in procs if p["pid"] not in parents
+            and not any(h in p["cmd"] for h in HELPERS)]
+
+
+def py_spy() -> str:
+    """The py-spy installed beside jobwrap's Python (a dependency of jobwrap)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside)
+
+
+def dump_stacks(binary: str, pids: Sequence[int], deadline_s: float) -> dict[str, Any]:
+    """Run as the job's user: ``{pid: py-spy's JSON or {"error": ...}}``, each bounded."""
+    import json
+    import subprocess
+
+    end = time.monotonic() + deadline_s
+    out: dict[str, Any] = {}
+    for pid in pids:
+        left = end - time.monotonic()
+        if left <= 0.2:
+            out[str(pid)] = {"error": "no time left for this process"}
+            continue
+        try:
+            done = subprocess.run([binary, "dump", "--pid", str(pid), "--json", "--nonblocking"],
+                                  capture_output=True, timeout=min(DUMP_TIMEOUT, left),
+                                  env={"PATH": "/usr/bin:/bin"}, cwd="/", check=False)
+        except subprocess.TimeoutExpired:
+            out[str(pid)] = {"error": f"py-spy did not answer within {DUMP_TIMEOUT:g} s"}
+            continue
+        except OSError as exc:
+            out[str(pid)] = {"error": f"py-spy cannot run: {exc.strerror}"}
+            continue
+        if done.returncode != 0:
+            why = done.stderr.decode(errors="replace").strip().splitlines()
+            out[str(pid)] = {"error": (why[0] if why else f"exit {done.returncode}")[:200]}
+            continue
+        try:
+            out[str(pid)] = {"threads": json.loads(done.stdout[:1 << 20])}
+        except ValueError:
+            out[str(pid)] = {"error": "py-spy's output was not JSON"}
+    return out
+
+
+def summarise(threads: Any, pid: int) -> dict[str, Any]:
+    """The main thread's frames (innermost first), its signature, and where it waits."""
+    if not isinstance(threads, list) or not threads:
+        return {"frames": [], "error": "no thread"}
+    main = next((t for t in threads if isinstance(t, dict) and t.get("os_thread_id") == pid),
+                threads[0])
+    frames = [f for f in (main.get("frames") or []) if isinstance(f, dict)][:MAX_FRAMES]
+    shown = [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:"
+             f"{f.get('line')})" for f in frames]
+    inside = any(any(c in str(f.get("filename", "")) for c in COLLECTIVE_FILES)
+                 or str(f.get("name")) in COLLECTIVE_NAMES for f in frames)
+    return {"frames": shown, "signature": shown[0] if shown else "",
+            "in_collective": inside, "threads": len(threads)}
+
+
+def gpu_state(cfg: Any, node: str, gpus: Sequence[int]) -> list[dict[str, Any]]:
+    """Utilisation and memory of the node's allocated GPUs, through the probe."""
+    from wrapper.errors import JobwrapError
+    from wrapper.gpu.probe import open_probe
+
+    try:
+        probe = open_probe(cfg.gpu, node)
+        try:
+            readings = probe.devices({"memory_used_mib", "compute_pids", "utilization_pct"})
+        finally:
+            probe.close()
+    except JobwrapError as exc:
+        return [{"error": str(exc)}]
+    return [{"index": r.index, "uuid": r.uuid, "memory_used_mib": r.memory_used_mib,
+             "utilization_pct": getattr(r, "utilization_pct", None),
+             "compute_pids": list(r.compute_pids or ())}
+            for r in readings if r.minor in gpus]
+
+
+def collect(cfg: Any, *, job_id: str, node: str, attempt: int, uid: int, gid: int,
+            gpus: Sequence[int], budget: float) -> dict[str, Any]:
+    """This node's forensics (root, in the watcher); never raises."""
+    from wrapper.errors import JobwrapError
+    from wrapper.osl.child import call_as
+    from wrapper.osl.users import UserIds
+
+    started = time.monotonic()
+    problems: list[str] = []
+    procs = job_processes(job_id, uid)
+    ranks = leaves(procs)
+    stacks: dict[str, Any] = {}
+    if ranks:
+        try:
+            user = UserIds.of(uid, gid)
+            stacks = call_as(user, dump_stacks, py_spy(), [p["pid"] for p in ranks],
+                             max(1.0, budget - 2.0), timeout=budget)
+        except JobwrapError as exc:
+            problems.append(f"the stacks could not be read: {exc}")
+    out_ranks = []
+    for p in ranks:
+        got = stacks.get(str(p["pid"]), {})
+        entry: dict[str, Any] = {"node": node, "pid": p["pid"], "rank": p["rank"],
+                                 "cmd": p["cmd"]}
+        if "threads" in got:
+            entry.update(summarise(got["threads"], p["pid"]))
+        else:
+            entry.update({"frames": [], "error": got.get("error", "not read")})
+        out_ranks.append(entry)
+    if not procs:
+        problems.append("no process of the job's user carries this job's SLURM_JOB_ID here")
+    result = {"node": node, "attempt": attempt, "job_id": job_id, "ranks": out_ranks,
+              "gpus": gpu_state(cfg, node, gpus), "problems": problems,
+              "seconds": round(time.monotonic() - started, 3)}
+    log.get().info("watch.forensics", ranks=len(out_ranks), problems=len(problems),
+                   seconds=result["seconds"])
+    return result
+
+
+def label(rank: dict[str, Any]) -> str:
+    who = f"rank {rank['rank']}" if rank.get("rank") is not None else "a rank"
+    return f"{who} (pid {rank.get('pid')} on {rank.get('node')}) at {rank.get('signature')}"
+
+
+def odd_ones(ranks: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """The ranks whose stack stands apart, and why (pure).
+
+    When some ranks wait inside a collective and others do not, the others are the odd
+    ones (they keep the collective from completing); else those off the majority's
+    innermost frame. Fewer than two stacks, or no difference: none.
+    """
+    read = [r for r in ranks if r.get("signature")]
+    if len(read) < 2:
+        return [], f"{len(read)} rank stack(s) read: nothing to compare"
+    inside = [r for r in read if r.get("in_collective")]
+    if inside and len(inside) < len(read):
+        return [r for r in read if not r.get("in_collective")], \
+            f"{len(inside)} of {len(read)} ranks wait inside a collective"
+    top, count = Counter(r["signature"] for r in read).most_common(1)[0]
+    if count * 2 > len(read) and count < len(read):
+        return [r for r in read if r["signature"] != top], \
+            f"{count} of {len(read)} ranks stand at {top}"
+    return [], f"no rank's stack stands apart among {len(read)}"
+
+
+class Trigger:
+    """The watcher's cheap per-tick look for the supervisor's ``hang`` fact (root's channel).
+
+    Only the channel file's size is looked at until it changes; the facts are read then."""
+
+    def __init__(self, state: Any, attempt: int) -> None:
+        self.state, self.attempt = state, attempt
+        self.size = -1
+        self.done = False
+
+    def wanted(self) -> bool:
+        from wrapper.facts import supervisor_facts
+        from wrapper.job.paths import SUPERVISOR_FACTS
+
+        if self.done:
+            return False
+        try:
+            size = os.stat(self.state.path / SUPERVISOR_FACTS).st_size
+        except OSError:
+            return False
+        if size == self.size:
+            return False
+        self.size = size
+        if "hang" in supervisor_facts(self.state, self.attempt):
+            self.done = True
+            return True
+        return False
+
+
+def conclude(state: Any, job_id: str, attempt: int, stdout: str, user: Any) -> str | None:
+    """First node's epilog: name the odd rank(s) from every node's ``watch.forensics``.
+
+    Records ``hang.forensics`` (root) and tells the job's output; returns the message."""
+    from wrapper.errors import JobwrapError
+    from wrapper.facts import root_events
+
+    found = [e for e in root_events(state)
+             if e.get("event") == ev.WatchForensics.KIND and e.get("attempt") == attempt]
+    if not found:
+        return None
+    ranks = [r for e in found for r in (e.get("ranks") or []) if isinstance(r, dict)]
+    odd, why = odd_ones(ranks)
+    names = [label(r) for r in odd]
+    state.append(ev.HangForensics.KIND, attempt=attempt, node=str(found[0].get("node", "")),
+                 nodes=sorted({str(e.get("node")) for e in found}), ranks=len(ranks),
+                 odd=names, why=why)
+    message = ("jobwrap: hang forensics of attempt " f"{attempt}: " +
+               (f"standing apart: {'; '.join(names)} ({why})" if names else why) +
+               f". Every rank's stack is in the archive (jobwrap archive show {job_id}).")
+    if stdout:
+        from wrapper.osl.child import call_as
+        from wrapper.osl.files import append_text_line
+
+        try:
+            call_as(user, append_text_line, stdout, message, timeout=10.0)
+        except JobwrapError as exc:
+            log.get().warning("epilog.output_unwritable", error=str(exc))
+    return message
+
+
+def forensics_of(state: Any, node: str) -> dict[str, Any]:
+    """``{"forensics": ...}`` for this node's archive part, when its watcher took them."""
+    found = state.read_json(file_name(node))
+    return {"forensics": found} if found else {}
