@@ -9,6 +9,8 @@ from tests.bench import ckpt_latest, guard, job_start, prolog_overhead, restart,
 BENCHMARKS = {
     "prolog-overhead": prolog_overhead.main,
     "ckpt-latest": ckpt_latest.main,
+    "ckpt-latest-hf": ckpt_latest.hf_main,
+    "ckpt-latest-dcp": ckpt_latest.dcp_main,
     "restart-requeue": restart.requeue_main,
     "restart-inplace": restart.inplace_main,
     "supervisor-cpu": restart.supervisor_cpu_main,

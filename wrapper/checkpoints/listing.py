@@ -75,6 +75,8 @@ class Entry:
 
     def is_dir(self, real_root: str) -> bool:
         """A directory, or a link to one inside the directory (never follows a link out)."""
+        if not self.dirent.is_symlink():  # the listing's own file type: no system call
+            return self.dirent.is_dir(follow_symlinks=False)
         facts = self._resolve(real_root)
         if facts.is_dir is None:
             if not self.is_symlink:
