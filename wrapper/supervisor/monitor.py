@@ -27,6 +27,7 @@ from typing import Any
 
 from wrapper import log
 from wrapper.config import SupervisorConfig
+from wrapper.job import events as ev
 from wrapper.jobrecord import JobRecord
 from wrapper.state import JobState
 
@@ -96,20 +97,20 @@ class Supervisor:
         limit = self.hang_timeout
         if limit and not self.seen.ended_by_us and now - self.seen.last_progress >= limit:
             idle = now - self.seen.last_progress
-            self.event("hang", idle_s=round(idle, 1), hang_timeout_s=round(limit, 1),
+            self.event(ev.Hang.KIND, idle_s=round(idle, 1), hang_timeout_s=round(limit, 1),
                        learned=self.fixed_hang_timeout is None,
                        cadence_s=round(self.seen.longest_gap, 1),
                        last_checkpoint=self.seen.checkpoint)
             if self.await_forensics is not None:
                 self.await_forensics()
-            self._end("hang")
+            self._end(ev.Hang.KIND)
         if self.gpu_faults is not None and now >= self._next_gpu:
             self._next_gpu = now + self.cfg.gpu_interval
             for fault in self.gpu_faults():
                 if fault not in self.seen.faults:
                     self.seen.faults.add(fault)
-                    self.event("gpu.fault", reason=fault)
-                    self._end("gpu.fault")
+                    self.event(ev.GpuFault.KIND, reason=fault)
+                    self._end(ev.GpuFault.KIND)
         self._walltime(now)
         if now >= self._next_slurm:
             self._next_slurm = now + self.cfg.slurm_interval
@@ -117,7 +118,7 @@ class Supervisor:
             if current in RUNNING and self._superseded():
                 current = "REQUEUED"  # a later attempt runs: its own supervisor follows it
             if current not in RUNNING:
-                self.event("supervisor.end", job_state=current or "gone",
+                self.event(ev.SupervisorEnd.KIND, job_state=current or "gone",
                            last_checkpoint=self.seen.checkpoint, step=self.seen.step)
                 self.finished = True
 
@@ -135,7 +136,7 @@ class Supervisor:
         self.seen.last_progress = now
 
     def run(self, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.event("supervisor.start", pid=os.getpid(), hang_timeout_s=self.hang_timeout,
+        self.event(ev.SupervisorStart.KIND, pid=os.getpid(), hang_timeout_s=self.hang_timeout,
                    checkpoint_dir=self.record.checkpoint_dir)
         while not self.finished:
             self.tick()
@@ -162,7 +163,7 @@ class Supervisor:
         if found is not None and found.path != self.seen.checkpoint:
             self.seen.checkpoint, self.seen.step = found.path, found.step
             self._progress(now)
-            self.event("checkpoint", path=found.path, step=found.step, layout=found.layout)
+            self.event(ev.Checkpoint.KIND, path=found.path, step=found.step, layout=found.layout)
 
     def _look_at_output(self, now: float) -> None:
         size = 0
@@ -183,7 +184,7 @@ class Supervisor:
         if now >= start + limit - self.cfg.walltime_lead and \
                 self.signal_job(self.cfg.walltime_signal):
             self.seen.signalled = True
-            self.event("walltime.signal", signal=self.cfg.walltime_signal,
+            self.event(ev.WalltimeSignal.KIND, signal=self.cfg.walltime_signal,
                        seconds_left=round(start + limit - now))
 
     def _end(self, why: str) -> None:
