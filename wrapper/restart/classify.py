@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from wrapper.job.events import GpuFault, Hang
+
 # Classes, and whether a retry can help at all (the policy decides whether it will).
 SUCCESS = "success"
 HARDWARE = "hardware"
@@ -97,12 +99,12 @@ def classify(ev: Evidence) -> Classification:
                               "staging")
     if ev.gpu_check_failed:
         why = "the supervisor saw a GPU fault, confirmed by root's GPU check" \
-            if "gpu.fault" in ev.supervisor_events else "the post-job GPU check failed"
+            if GpuFault.KIND in ev.supervisor_events else "the post-job GPU check failed"
         return Classification(HARDWARE, why, "gpu_fault")
     unconfirmed = list(ev.unconfirmed)
-    if "gpu.fault" in ev.supervisor_events:
+    if GpuFault.KIND in ev.supervisor_events:
         unconfirmed.append("the supervisor's GPU fault")
-    if "hang" in ev.supervisor_events:
+    if Hang.KIND in ev.supervisor_events:
         return Classification(HANG, "no progress and no output for the hang timeout; "
                               "jobwrap ended the job", "hang")
     if state == "TIMEOUT":

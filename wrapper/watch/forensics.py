@@ -256,7 +256,7 @@ class Trigger:
         if size == self.size:
             return False
         self.size = size
-        if "hang" in supervisor_facts(self.state, self.attempt):
+        if ev.Hang.KIND in supervisor_facts(self.state, self.attempt):
             self.done = True
             return True
         return False
