@@ -24,10 +24,11 @@ def test_up_then_down_leaves_no_daemon(cluster: Cluster) -> None:
     try:
         other.up(log=lambda msg: None)
         names = sorted(d.name for d in other.daemons)
-        assert names == ["slurmctld", "slurmd-n1", "slurmd-n2"]  # munge is shared, not ours
+        assert other.spec.nodes == ["n1", "n2", "n3"]
+        assert names == ["slurmctld", "slurmd-n1", "slurmd-n2", "slurmd-n3"]  # munge: shared
         assert all(_alive(d) for d in other.daemons)
         assert set(other.node_states().values()) == {"idle"}
-        assert len(_processes_using(other.conf)) == 3
+        assert len(_processes_using(other.conf)) == 4
     finally:
         daemons = list(other.daemons)
         stopped = other.down()
