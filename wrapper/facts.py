@@ -129,18 +129,7 @@ def confirm_gpu_fault(cfg: Config, node: str, gpus: Sequence[int]) -> list[str]:
     The same probe and fault checks as the supervisor's; a probe that does not work is
     jobwrap's problem and raises, it confirms nothing.
     """
-    if not gpus:
-        return []
-    from wrapper.gpu.probe import open_probe
-    from wrapper.gpu.report import run_checks
-    from wrapper.supervisor.launch import FAULT_CHECKS
+    from wrapper.gpu import faults
 
-    probe = open_probe(cfg.gpu, node)
-    try:
-        report = run_checks(cfg, probe, phase="prolog", allocated=list(gpus),
-                            configured_gres=None, env={}, target="gpu")
-    finally:
-        probe.close()
-    return [f"{r.check} gpu{r.gpu_index}: {r.reason}" for r in report.failures
-            if r.check in FAULT_CHECKS]
+    return [faults.describe(r) for r in faults.read(cfg, node, gpus)]
 

@@ -185,29 +185,20 @@ def _current_attempt(state: JobState) -> int:
 
 # Checks whose failure during a run means the GPU under the job is faulty now (the
 # others, such as memory in use, are expected while a job runs).
-FAULT_CHECKS = frozenset({"probe", "xid", "ecc", "row_remap", "retired_pages", "nvlink"})
 
 
 def _gpu_fault_reader(cfg: Config, record: JobRecord) -> Callable[[], list[str]] | None:
     """GPU faults on the job's GPUs, through the same probe and checks as the prolog."""
     if not record.gpus:
         return None
-    from wrapper.gpu.probe import open_probe
-    from wrapper.gpu.report import run_checks
+    from wrapper.gpu import faults
 
     def read() -> list[str]:
         try:
-            probe = open_probe(cfg.gpu, record.first_node)
-            try:
-                report = run_checks(cfg, probe, phase="prolog", allocated=record.gpus,
-                                    configured_gres=None, env={}, target="gpu")
-            finally:
-                probe.close()
+            return [faults.describe(r) for r in faults.read(cfg, record.first_node, record.gpus)]
         except JobwrapError as exc:  # the probe, not the GPU: keep watching
             log.get().warning("supervisor.gpu_unreadable", error=str(exc))
             return []
-        return [f"{r.check} gpu{r.gpu_index}: {r.reason}" for r in report.failures
-                if r.check in FAULT_CHECKS]
 
     return read
 

@@ -22,9 +22,6 @@ from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 from wrapper.watch.feed import Fault, Watcher
 
-# Checks whose failure during a run means the GPU under the job is faulty now (the others,
-# such as memory in use, are expected while a job runs). The supervisor's set.
-FAULT_CHECKS = frozenset({"probe", "xid", "ecc", "row_remap", "retired_pages", "nvlink"})
 MODULE = "wrapper.watch"
 
 
@@ -76,24 +73,16 @@ def stop(state: JobState, node: str) -> bool:
 
 def read_faults(cfg: Config, node: str, gpus: Sequence[int]) -> list[Fault]:
     """Faults on ``gpus`` now, through the probe seam and the prolog's checks."""
-    from wrapper.gpu.probe import open_probe
-    from wrapper.gpu.report import run_checks
+    from wrapper.gpu import faults
     from wrapper.slurm.commands import drain_reason
 
     try:
-        probe = open_probe(cfg.gpu, node)
-        try:
-            report = run_checks(cfg, probe, phase="prolog", allocated=list(gpus),
-                                configured_gres=None, env={}, target="gpu")
-        finally:
-            probe.close()
+        failures = faults.read(cfg, node, gpus)
     except JobwrapError as exc:  # the probe, not the GPU: jobwrap's problem, keep watching
         log.get().warning("watch.gpu_unreadable", error=str(exc))
         return []
     out = []
-    for r in report.failures:
-        if r.check not in FAULT_CHECKS:
-            continue
+    for r in failures:
         where = f" gpu{r.gpu_index}" if r.gpu_index is not None else ""
         if where and r.gpu_uuid:
             where += f"({r.gpu_uuid[:12]})"
