@@ -8,8 +8,9 @@ Epilog and TaskProlog swapped for ``exit 0`` (as job-start does) and the user's 
 ``--requeue``, retry loop, collective timeout and time-limit trap.
 
 The schedule fires fault k once the running launch has made GAP steps since it started
-and since fault k-1 (a fault that ends nothing, like the supervisor's kill or an Xid the
-CPU-only baseline never notices, lets the next one fire in the same launch):
+and since fault k-1, half-way between two checkpoints (a fault that ends nothing, like
+the supervisor's kill or an Xid the CPU-only baseline never notices, lets the next one
+fire in the same launch):
 
 | kind | what | class expected (jobwrap) |
 |---|---|---|
@@ -164,8 +165,8 @@ class Run:
         since = launch.resumed
         if self.faults and self.faults[-1].launch == launch.id:
             since = self.faults[-1].reached
-        if reached - since < GAP:
-            return
+        if reached - since < GAP or reached % job.SAVE_EVERY != job.SAVE_EVERY // 2:
+            return  # mid-way between two checkpoints: half an interval to lose
         kind = KINDS[len(self.faults)]
         fault = Fault(kind, time.time(), launch.id, launch.attempt, reached)
         getattr(self, f"do_{kind}")(launch)
@@ -289,7 +290,7 @@ class Run:
         except ValueError:
             return f"unreadable ({out.stderr.strip()[-200:]})"
         ledger = data.get("goodput") or {}
-        keys = ("ettr", "productive_s", "wall_s", "lost_s", "restart_gap_s")
+        keys = ("ettr", "productive_s", "wall_s", "lost_s", "gap_s", "startup_s", "failures")
         return ", ".join(f"{k}={ledger[k]}" for k in keys if k in ledger) or json.dumps(ledger)
 
 
