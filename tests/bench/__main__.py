@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import sys
 
-from tests.bench import ckpt_latest, guard, job_start, prolog_overhead, restart, staging, submit_lua
+from tests.bench import (
+    ckpt_latest,
+    goodput,
+    guard,
+    job_start,
+    prolog_overhead,
+    restart,
+    staging,
+    submit_lua,
+)
 
 BENCHMARKS = {
     "prolog-overhead": prolog_overhead.main,
@@ -21,6 +30,7 @@ BENCHMARKS = {
     "stage-cached": staging.cached_main,
     "submit-lua": submit_lua.main,
     "job-start": job_start.main,
+    "goodput": goodput.main,
 }
 
 

@@ -68,7 +68,7 @@ def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
         info = backend.job_info(ctx.job_id)
     except JobwrapError as exc:
         log.get().warning("epilog.job_info_unavailable", error=str(exc))
-    tail = output_tail(record, user)
+    tail = this_attempt(output_tail(record, user), ctx.attempt)
     if not gpu_check_failed and not gpu_checked and (
             ev.GpuFault.KIND in supervisor_events or ev.GpuFault.KIND in claims
             or reports_gpu_fault(tail)):
@@ -97,6 +97,19 @@ def _refusal(store: JobStore, attempt: int, events: list[ev.Event]) -> str:
                 or isinstance(event, ev.DirectivesInvalid)):
             return event.error
     return ""
+
+
+def this_attempt(tail: str, attempt: int) -> str:
+    """What ``attempt`` wrote of ``tail``: the text after the banner the task prolog prints
+    when it starts (``jobwrap: attempt N ...``). With ``--open-mode=append`` the output
+    holds every attempt's words, and an earlier attempt's ``task 1: Killed`` must not
+    class a later segfault. No banner in the tail (attempt 0, or scrolled out): all of it."""
+    import re
+
+    found = None
+    for found in re.finditer(rf"^jobwrap: attempt {attempt}[ ;].*$", tail, re.M):  # noqa: B007
+        pass
+    return tail[found.end():] if found and attempt > 0 else tail
 
 
 def output_tail(record: JobRecord, user: UserIds) -> str:

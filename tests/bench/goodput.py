@@ -1,0 +1,374 @@
+"""goodput: how much of a real DDP job's wall time survives a fault storm, with jobwrap
+and with Slurm alone plus a diligent user.
+
+One sandbox (four slurmd, SlurmdTimeout lowered so a lost node is noticed in seconds),
+one real 2-node DDP job (tests/bench/goodput_job.py), run twice under the same fault
+schedule, injected from here: subject with jobwrap's hooks, anchor with the Prolog,
+Epilog and TaskProlog swapped for ``exit 0`` (as job-start does) and the user's own
+``--requeue``, retry loop, collective timeout and time-limit trap.
+
+The schedule fires fault k once the running launch has made GAP steps since it started
+and since fault k-1, half-way between two checkpoints (a fault that ends nothing, like
+the supervisor's kill or an Xid the CPU-only baseline never notices, lets the next one
+fire in the same launch):
+
+| kind | what | class expected (jobwrap) |
+|---|---|---|
+| supervisor | SIGKILL the job's supervisor | none: the job goes on unharmed |
+| sigkill | SIGKILL rank 1 | killed (from outside, no OOM kill recorded) |
+| segfault | SIGSEGV rank 1 (the job's second node) | user_error: the program crashed; with
+  a healthy GPU nothing says it was not the program's fault, and it is retried |
+| hang | SIGSTOP rank 1: rank 0 waits inside the all-reduce | hang |
+| xid | Xid 79 in rank 1's node's fake GPU inventory | hardware |
+| node_loss | rank 1's node: slurmd SIGKILLed, its step frozen; after Slurm marks the node
+  down the frozen processes are killed and slurmd restarted (a repaired node) | node_failure |
+| walltime | the job's time limit lowered to the next minute | walltime |
+
+Ground truth is the job's own step lines: ETTR = the step time of the steps finally kept
+(each kept step's time since the step before it in the same launch) / wall time from the
+job's first start to its last step. Steps lost per fault: the furthest step the faulted
+launch reached minus the step the next launch resumed from; restart gap: the fault to the
+next launch's first step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.bench import goodput_job as job
+from tests.bench.cluster import sandbox
+from tests.bench.job_start import Hooks
+from wrapper.runner import Runner
+from wrapper.sandbox import flavor
+from wrapper.sandbox.cluster import Cluster, Daemon, _daemon
+from wrapper.state import JobState
+
+PYTHON = "/opt/jobwrap/frameworks/bin/python"
+GAP = 30  # steps a launch makes before the next fault
+KINDS = ("supervisor", "sigkill", "segfault", "hang", "xid", "node_loss", "walltime")
+EXPECTED = {"supervisor": "none", "sigkill": "killed", "segfault": "user_error",
+            "hang": "hang", "xid": "hardware", "node_loss": "node_failure",
+            "walltime": "walltime"}
+RUN_TIMEOUT = 480
+
+
+@dataclass
+class Launch:
+    id: str
+    t0: float
+    attempt: str
+    resumed: int = -1
+    resumed_at: float = 0.0
+    steps: dict[int, float] = field(default_factory=dict)
+    done: float = 0.0
+
+
+def read_log(path: Path) -> list[Launch]:
+    launches: dict[str, Launch] = {}
+    if not path.exists():
+        return []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        what, lid = parts[0], parts[1]
+        if what == "launch" and len(parts) == 4:
+            launches[lid] = Launch(lid, float(parts[2]), parts[3])
+        elif lid not in launches:
+            continue
+        elif what == "resumed" and len(parts) == 4:
+            launches[lid].resumed, launches[lid].resumed_at = int(parts[2]), float(parts[3])
+        elif what == "step" and len(parts) == 4:
+            launches[lid].steps[int(parts[2])] = float(parts[3])
+        elif what == "done":
+            launches[lid].done = float(parts[2])
+    return list(launches.values())
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float
+    launch: str
+    attempt: str
+    reached: int
+    cls: str = "-"
+    lost: int = 0
+    gap: float = 0.0
+    resumed: int = -1
+
+
+class Run:
+    """One run of the job under the schedule, jobwrap's hooks on or off."""
+
+    def __init__(self, cluster: Cluster, jobwrap: bool) -> None:
+        self.cluster, self.jobwrap = cluster, jobwrap
+        self.name = "gpj" if jobwrap else "gpb"
+        self.dir = cluster.work / self.name
+        self.env = cluster.env()
+        self.faults: list[Fault] = []
+        self.pending: list[Callable[[], bool]] = []  # repairs waiting for their moment
+        self.job = ""
+        self.first_running = 0.0
+
+    def sh(self, *argv: str, check: bool = False) -> str:
+        return Runner(self.env).run(list(argv), timeout=30, check=check).stdout
+
+    def pid(self, rank: int, launch: str) -> tuple[int, str]:
+        pid, node, lid = (self.dir / f"pid-{rank}").read_text().split()
+        if lid != launch:
+            raise RuntimeError(f"rank {rank} of launch {launch} has not written its pid")
+        return int(pid), node
+
+    def go(self) -> list[Launch]:
+        self.cluster.as_user(["mkdir", "-p", str(self.dir)])
+        self.cluster.write_user_file("train.py", job.TRAIN)
+        script = job.jobwrap_script(PYTHON, self.name) if self.jobwrap \
+            else job.baseline_script(PYTHON, self.name)
+        self.job = self.cluster.submit(script, name=f"{self.name}.sh")
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while time.monotonic() < deadline:
+            state = self.cluster.job(self.job).get("JobState", "")
+            if state == "RUNNING" and not self.first_running:
+                self.first_running = time.time()
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                         "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
+                break
+            self.pending = [repair for repair in self.pending if not repair()]
+            launches = read_log(self.dir / "steps.log")
+            if launches and len(self.faults) < len(KINDS):
+                self.maybe_fault(launches[-1])
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"goodput: job {self.job} did not end within {RUN_TIMEOUT} s")
+        deadline = time.monotonic() + 60
+        while self.pending and time.monotonic() < deadline:
+            self.pending = [repair for repair in self.pending if not repair()]
+            time.sleep(0.5)
+        return read_log(self.dir / "steps.log")
+
+    def maybe_fault(self, launch: Launch) -> None:
+        if not launch.steps or launch.done:
+            return
+        reached = max(launch.steps)
+        since = launch.resumed
+        if self.faults and self.faults[-1].launch == launch.id:
+            since = self.faults[-1].reached
+        if reached - since < GAP or reached % job.SAVE_EVERY != job.SAVE_EVERY // 2:
+            return  # mid-way between two checkpoints: half an interval to lose
+        kind = KINDS[len(self.faults)]
+        fault = Fault(kind, time.time(), launch.id, launch.attempt, reached)
+        getattr(self, f"do_{kind}")(launch)
+        self.faults.append(fault)
+
+    # -- the faults ------------------------------------------------------------------------
+    def do_supervisor(self, launch: Launch) -> None:
+        for proc in self.cluster.runtime_processes():
+            cmd = proc.cmdline()
+            if "supervise" in cmd and self.job in cmd:
+                proc.send_signal(signal.SIGKILL)
+
+    def do_sigkill(self, launch: Launch) -> None:
+        os.kill(self.pid(1, launch.id)[0], signal.SIGKILL)
+
+    def do_segfault(self, launch: Launch) -> None:
+        os.kill(self.pid(1, launch.id)[0], signal.SIGSEGV)
+
+    def do_hang(self, launch: Launch) -> None:
+        os.kill(self.pid(1, launch.id)[0], signal.SIGSTOP)
+
+    def do_xid(self, launch: Launch) -> None:
+        node = self.pid(1, launch.id)[1]
+        gpus = self.cluster.spec.gpus_per_node
+        self.cluster.set_gpu_faults(node, {m: {"xid_events": (79,)} for m in range(gpus)})
+
+        def repair() -> bool:  # once the job runs on again, the node comes back repaired
+            if read_log(self.dir / "steps.log")[-1].id == launch.id:
+                return False
+            self.cluster.set_gpu_faults(node)
+            self.sh("scontrol", "update", f"NodeName={node}", "State=RESUME")
+            return True
+        self.pending.append(repair)
+
+    def do_node_loss(self, launch: Launch) -> None:
+        import psutil
+
+        pid, node = self.pid(1, launch.id)
+        rank = psutil.Process(pid)
+        frozen = [rank, *[p for p in rank.parents() if "slurmstepd" in p.name()][:1]]
+        slurmd = next(d for d in self.cluster.daemons if d.name == f"slurmd-{node}")
+        os.kill(slurmd.pid, signal.SIGKILL)
+        for proc in frozen:
+            proc.send_signal(signal.SIGSTOP)
+
+        def repair() -> bool:
+            if not self.cluster.node_states().get(node, "").startswith("down"):
+                return False
+            for proc in frozen:  # the node reboots: its processes are gone
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            self.cluster.daemons.remove(slurmd)
+            self.cluster.daemons.append(restart_slurmd(self.cluster, node))
+            return True
+        self.pending.append(repair)
+
+    def do_walltime(self, launch: Launch) -> None:
+        run = self.cluster.job(self.job).get("RunTime", "0:0:0")
+        days, _, hms = run.rpartition("-")
+        h, m, s = (int(x) for x in hms.split(":"))
+        minutes = math.ceil(((int(days or 0) * 24 + h) * 60 + m + s / 60) + 0.5)
+        self.sh("scontrol", "update", f"JobId={self.job}", f"TimeLimit={minutes}", check=True)
+
+        def repair() -> bool:  # the limit was this attempt's only
+            if self.cluster.job(self.job).get("JobState") != "PENDING" and \
+                    read_log(self.dir / "steps.log")[-1].id == launch.id:
+                return False
+            out = Runner(self.env).run(["scontrol", "update", f"JobId={self.job}",
+                                        "TimeLimit=UNLIMITED"], timeout=30, check=False)
+            return out.returncode == 0
+        self.pending.append(repair)
+
+    # -- results -----------------------------------------------------------------------------
+    def score(self, launches: list[Launch]) -> tuple[float, float]:
+        """(ETTR, median step time), and each fault's steps lost, restart gap and class."""
+        kept = 0.0
+        cur = job.STEPS
+        for launch in reversed(launches):
+            for n in range(max(launch.resumed, 0) + 1, cur + 1):
+                if n in launch.steps:
+                    before = launch.steps.get(n - 1, launch.resumed_at)
+                    kept += launch.steps[n] - before
+            if launch.resumed >= 0:
+                cur = min(cur, launch.resumed)
+        end = max((ln.done for ln in launches), default=0.0)
+        if not end:
+            raise RuntimeError(f"goodput: job {self.job} never finished its {job.STEPS} steps")
+        start = min(self.first_running or launches[0].t0, launches[0].t0)
+        durations = [b - a for ln in launches
+                     for n, b in ln.steps.items() if (a := ln.steps.get(n - 1))]
+        step_s = statistics.median(durations)
+        ends = self.attempt_ends() if self.jobwrap else {}
+        ids = [ln.id for ln in launches]
+        for fault in self.faults:
+            i = ids.index(fault.launch)
+            this = launches[i]
+            nxt = launches[i + 1] if i + 1 < len(launches) else None
+            went_on = max(this.steps) > fault.reached + 5 or this.done
+            if went_on or nxt is None:
+                fault.cls = "none" if self.jobwrap else "-"
+                continue
+            fault.reached = max(this.steps)
+            fault.resumed = nxt.resumed
+            fault.lost = max(0, fault.reached - nxt.resumed)
+            fault.gap = min(nxt.steps.values(), default=nxt.resumed_at) - fault.at
+            if self.jobwrap:
+                fault.cls = ends.get(fault.attempt, "?")
+        return kept / (end - start), step_s
+
+    def attempt_ends(self) -> dict[str, str]:
+        events = JobState(self.cluster.state_dir, self.job).events()
+        return {str(e["attempt"]): str(e["kind"]) for e in events
+                if e.get("event") == "attempt.end" and e.get("source") == "root"}
+
+    def ledger(self) -> str:
+        out = Runner({**self.env, "JOBWRAP_CONFIG": str(self.cluster.jobwrap_config)}).run(
+            [sys.executable, "-m", "wrapper", "status", "--json", self.job], timeout=60,
+            check=False)
+        try:
+            data = json.loads(out.stdout)
+        except ValueError:
+            return f"unreadable ({out.stderr.strip()[-200:]})"
+        ledger = data.get("goodput") or {}
+        keys = ("ettr", "productive_s", "wall_s", "lost_s", "gap_s", "startup_s", "failures")
+        return ", ".join(f"{k}={ledger[k]}" for k in keys if k in ledger) or json.dumps(ledger)
+
+
+def restart_slurmd(cluster: Cluster, node: str) -> Daemon:
+    argv = [flavor.program(cluster.spec.slurm_prefix, "slurmd"), "-D", "-N", node,
+            "-f", str(cluster.conf)]
+    with open(cluster.base / "log" / f"slurmd-{node}.stdout", "ab") as out:
+        proc = subprocess.Popen(argv, env=cluster.env(), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd="/")
+    return _daemon(f"slurmd-{node}", proc.pid)
+
+
+def settle(cluster: Cluster, timeout: float = 180) -> None:
+    env = cluster.env()
+    for node in cluster.spec.nodes:
+        cluster.set_gpu_faults(node)
+        Runner(env).run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                        timeout=30, check=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = cluster.node_states()
+        if states and all(s.startswith("idle") for s in states.values()) and not [
+                p for p in cluster.runtime_processes() if "supervise" in p.cmdline()]:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"goodput: nodes not idle within {timeout:g} s: {cluster.node_states()}")
+
+
+def quick_node_loss(cluster: Cluster) -> None:
+    """A lost node noticed in seconds, not Slurm's default minutes (the same for both)."""
+    text = cluster.conf.read_text().replace("SlurmdTimeout=60", "SlurmdTimeout=10")
+    cluster.conf.write_text(text)
+    Runner(cluster.env()).run(["scontrol", "reconfigure"], timeout=30)
+    time.sleep(2)
+
+
+def report(run: Run, launches: list[Launch]) -> tuple[float, float]:
+    ettr, step_s = run.score(launches)
+    who = "jobwrap" if run.jobwrap else "baseline"
+    print(f"{who}: job {run.job}, {len(launches)} launches, ETTR {ettr:.3f} "
+          f"(median step {step_s:.3f} s)")
+    for f in run.faults:
+        ok = "" if f.resumed < 0 else \
+            (" ckpt ok" if f.resumed >= f.reached // job.SAVE_EVERY * job.SAVE_EVERY
+             else f" LOST PAST CHECKPOINT (newest {f.reached // job.SAVE_EVERY * job.SAVE_EVERY})")
+        print(f"  {who} fault {f.kind:<10} class={f.cls:<13} expected={EXPECTED[f.kind]:<13}"
+              f" steps_lost={f.lost:<3} restart_gap={f.gap:6.1f} s{ok}")
+    return ettr, step_s
+
+
+def main() -> int:
+    began = time.monotonic()
+    with sandbox(gpus_per_node=1, nodes=4) as cluster:
+        quick_node_loss(cluster)
+        hooks = Hooks(cluster)
+        results: dict[bool, tuple[Run, list[Launch]]] = {}
+        try:
+            for jobwrap in (True, False):
+                settle(cluster)
+                hooks.use(jobwrap)
+                run = Run(cluster, jobwrap)
+                results[jobwrap] = (run, run.go())
+        finally:
+            hooks.use(True)
+        subject, launches = results[True]
+        ettr, step_s = report(subject, launches)
+        print(f"jobwrap's own ledger (jobwrap status --json): {subject.ledger()}")
+        baseline_ettr, _ = report(*results[False])
+    ended = [f for f in subject.faults if f.cls != "none"]
+    lost_s = statistics.mean(f.lost * step_s for f in ended) if ended else 0.0
+    right = sum(f.cls == EXPECTED[f.kind] for f in subject.faults)
+    accuracy = right / len(KINDS)
+    print(f"{len(subject.faults)} of {len(KINDS)} faults injected; "
+          f"{time.monotonic() - began:.0f} s in all")
+    print(f"goodput ettr={ettr:.3f} baseline_ettr={baseline_ettr:.3f} "
+          f"lost_s_per_fault={lost_s:.2f} class_accuracy={accuracy:.2f} goal>=0.9")
+    return 0 if ettr >= 0.9 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The goodput benchmark's job: its training script and its two batch scripts.
+
+The training script is what a careful user writes today: 2-rank DDP over gloo on
+loopback (one thread), a DCP checkpoint every SAVE_EVERY steps, resuming from jobwrap's
+``JOBWRAP_RESUME_FROM`` when set, else from its own newest *complete* checkpoint by
+name (DCP writes ``.metadata`` last), a collective timeout, and SIGUSR1 taken as "save
+at the next step". Rank 0 writes one timestamped line per step to ``steps.log`` (the
+benchmark's ground truth) and each rank its pid and node to ``pid-RANK``.
+"""
+
+from __future__ import annotations
+
+STEPS = 330
+SAVE_EVERY = 10
+STEP_SLEEP = 0.2
+COLLECTIVE_TIMEOUT = 60  # seconds: what a careful user sets so a stuck peer ends the run
+
+TRAIN = r'''
+import os, signal, sys, time
+T0 = time.time()
+RUN = os.environ["GP_RUN"]
+rank = int(os.environ["SLURM_PROCID"])
+launch = "{}.{}.{}".format(os.environ["SLURM_JOB_ID"], os.environ.get("SLURM_STEP_ID", "0"),
+                           os.environ.get("SLURM_RESTART_COUNT", "0"))
+attempt = os.environ.get("JOBWRAP_ATTEMPT", "-")
+
+
+def log(line):
+    if rank == 0:
+        with open(os.path.join(RUN, "steps.log"), "a") as f:
+            f.write(line + "\n")
+
+
+log(f"launch {launch} {T0:.3f} {attempt}")
+with open(os.path.join(RUN, f"pid-{rank}.tmp"), "w") as f:
+    f.write(f"{os.getpid()} {os.environ.get('SLURMD_NODENAME', '')} {launch}\n")
+os.replace(os.path.join(RUN, f"pid-{rank}.tmp"), os.path.join(RUN, f"pid-{rank}"))
+save_now = []
+signal.signal(signal.SIGUSR1, lambda *_: save_now.append(1))
+
+import datetime
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.nn.parallel import DistributedDataParallel
+
+torch.set_num_threads(1)
+STEPS, SAVE_EVERY, SLEEP = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+CKPT = os.environ.get("JOBWRAP_CHECKPOINT_DIR") or os.environ["GP_CKPT"]
+os.makedirs(CKPT, exist_ok=True)
+port = 20000 + (int(os.environ["SLURM_JOB_ID"]) * 97 + int(os.environ.get("SLURM_STEP_ID", "0"))
+                * 13 + int(os.environ.get("SLURM_RESTART_COUNT", "0")) * 7) % 20000
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=int(os.environ["SLURM_NTASKS"]),
+                        timeout=datetime.timedelta(seconds=float(sys.argv[4])))
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Sequential(
+    torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
+optim = torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+def newest():
+    done = [int(n[5:]) for n in os.listdir(CKPT) if n.startswith("step_") and n[5:].isdigit()
+            and os.path.exists(os.path.join(CKPT, n, ".metadata"))]
+    return os.path.join(CKPT, f"step_{max(done)}") if done else ""
+
+
+start = 0
+resume = os.environ.get("JOBWRAP_RESUME_FROM") or newest()
+if resume:
+    state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": 0}
+    dcp.load(state, checkpoint_id=resume)
+    model.load_state_dict(state["model"])
+    optim.load_state_dict(state["optim"])
+    start = int(state["step"])
+log(f"resumed {launch} {start} {time.time():.3f}")
+print(f"rank {rank}: launch {launch} attempt {attempt} resumed from {resume or '-'} at {start}",
+      flush=True)
+for step in range(start, STEPS):
+    gen = torch.Generator().manual_seed(step * 2 + rank)
+    x = torch.randn(8, 16, generator=gen)
+    loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+    optim.zero_grad()
+    loss.backward()
+    optim.step()
+    if (step + 1) % SAVE_EVERY == 0 or (save_now and (step + 1) != start):
+        save_now.clear()
+        dcp.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": step + 1},
+                 checkpoint_id=os.path.join(CKPT, f"step_{step + 1}"))
+    log(f"step {launch} {step + 1} {time.time():.3f}")
+    if rank == 0:
+        print(f"step {step + 1} t={time.time():.3f}", flush=True)
+    time.sleep(SLEEP)
+dist.barrier()
+log(f"done {launch} {time.time():.3f}")
+dist.destroy_process_group()
+'''
+
+
+def srun(python: str) -> str:
+    return (f"srun --kill-on-bad-exit=1 {python} train.py {STEPS} {SAVE_EVERY} {STEP_SLEEP} "
+            f"{COLLECTIVE_TIMEOUT}")
+
+
+def jobwrap_script(python: str, run: str) -> str:
+    """jobwrap's hooks do the restarts: the script runs the training once."""
+    return f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:1 --output=gp-%j.out --open-mode=append
+#JOBWRAP --checkpoint-dir=ckpt-{run} --max-restarts=12
+export GP_RUN=$PWD/{run}
+{srun(python)}
+"""
+
+
+def baseline_script(python: str, run: str) -> str:
+    """Slurm alone and a diligent user: ``--requeue`` (node loss), a loop that reruns a
+    failed step in place, a collective timeout for a stuck peer, and a trap that requeues
+    the job before its time limit."""
+    return f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:1 --output=gp-%j.out --open-mode=append
+#SBATCH --requeue --signal=B:USR1@50
+export GP_RUN=$PWD/{run} GP_CKPT=$PWD/ckpt-{run}
+trap 'echo "time limit near: requeue"; scontrol requeue $SLURM_JOB_ID; exit 0' USR1
+for try in $(seq 1 20); do
+    {srun(python)} &
+    wait $! && exit 0
+    echo "training failed (try $try): rerun from the newest checkpoint"
+    sleep 1
+done
+exit 1
+"""
