@@ -169,3 +169,37 @@ def test_a_reported_gpu_fault_is_hardware_only_once_root_confirms(tmp_path: Path
         assert end.kind == ("hardware" if confirmed else "user_error")
         kinds = {e.KIND for e in JobStore(state).root_events()}
         assert ("gpu.confirmed" if confirmed else "gpu.not_confirmed") in kinds
+
+
+@pytest.mark.parametrize("lost", [True, False], ids=["node_lost", "nodes_fine"])
+def test_a_job_slurm_requeued_itself_is_released_never_requeued_twice(
+        tmp_path: Path, lost: bool) -> None:
+    """n2's slurmd died: Slurm marked it down, ended the job and requeued it itself, so
+    the surviving first node's epilog sees exit 0 and a PENDING job. That attempt is a
+    node failure excluding n2 (not a success), and only the release is left to do."""
+    ctx, cfg, state, record, _, _ = setup(tmp_path, "success", "first", True)
+    ctx = JobContext(hook="epilog", job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(),
+                     node="n1", nodes=["n1", "n2"], gpus=[0], attempt=0, exit_code=0,
+                     exit_signal=0)
+    slurm = FakeSlurm(jobs={JOB: {"JobId": JOB, "JobState": "PENDING", "Restarts": "1",
+                                  "Requeue": "1", "ExitCode": "0:0"}},
+                      nodes={"n1": {"State": "MIXED"},
+                             "n2": {"State": "DOWN*" if lost else "IDLE",
+                                    "Reason": "Not responding [slurm@2026-12-03T12:00:00]"
+                                    if lost else ""}})
+    spawned: list[Sequence[str]] = []
+    decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+                                 gpu_checked=True,
+                                 services=Services(cfg, slurm_factory=lambda: slurm,
+                                                   spawn=spawned.append))
+    [end] = [e for e in JobStore(state).root_events() if isinstance(e, ev.AttemptEnd)]
+    assert slurm.did("requeue") == []  # Slurm did it; a second requeue would be refused
+    if lost:
+        assert (end.kind, decision.action) == ("node_failure", "requeue"), end.detail
+        assert "n2: DOWN* (Not responding)" in end.detail
+        [argv] = spawned
+        assert list(argv[argv.index("release"):]) == ["release", JOB, "--exclude", "n2"]
+        assert [type(e) for e in JobStore(state).root_events()
+                if isinstance(e, ev.RequeuedBySlurm)] == [ev.RequeuedBySlurm]
+    else:  # no node lost: nothing says the attempt failed here
+        assert end.kind == "success" and spawned == []

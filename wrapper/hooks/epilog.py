@@ -182,7 +182,8 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
                                node=ctx.node)
     if decision.requeue:
         apply.requeue(ctx, cfg, store, backend, decision,
-                      spawn=services.spawn if services else None)
+                      spawn=services.spawn if services else None,
+                      already=gathered.job.requeued_since(ctx.attempt))
     from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
 
     after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,

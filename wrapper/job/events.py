@@ -366,6 +366,13 @@ class WatchForensics(Event):
     seconds: float = 0.0
 
 
+@kind("requeue.by_slurm", writer="root")
+@dataclass(frozen=True)
+class RequeuedBySlurm(Event):
+    """Slurm had already requeued the job when the decision was made (a lost node, a
+    preemption, the job's own ``scontrol requeue``): jobwrap only released it."""
+
+
 @kind("requeue.failed", writer="root")
 @dataclass(frozen=True)
 class RequeueFailed(_Failed):

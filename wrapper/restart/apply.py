@@ -62,12 +62,17 @@ def record_suspect(store: JobStore, ctx: JobContext, verdict: Classification,
 
 
 def requeue(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend,
-            decision: Decision, spawn: Spawner | None = None) -> bool:
-    """Requeue the job and start its release; a refusal is recorded, never raised."""
+            decision: Decision, spawn: Spawner | None = None, *, already: bool = False) -> bool:
+    """Requeue the job and start its release; a refusal is recorded, never raised.
+    ``already``: Slurm has requeued it itself; only the release (past Slurm's hold, away
+    from the excluded nodes) is left to do."""
     from wrapper import detach
 
     try:
-        backend.requeue(ctx.job_id)
+        if already:  # Slurm requeued it itself (a lost node): never a second requeue
+            store.record(ev.RequeuedBySlurm(attempt=ctx.attempt, node=ctx.node))
+        else:
+            backend.requeue(ctx.job_id)
         argv = detach.jobwrap_argv("release", ctx.job_id)
         for node in decision.exclude_nodes:
             argv += ["--exclude", node]

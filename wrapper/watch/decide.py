@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from wrapper.restart.classify import HARDWARE, SUCCESS, Classification
+from wrapper.restart.classify import HARDWARE, NODE_FAILURE, SUCCESS, Classification
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
 
@@ -19,6 +19,12 @@ def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobC
     A watcher ends the job with a signal, which the epilog's environment does not show
     (exit 0): Slurm's ``ExitCode`` (``0:15``) does. A job that really succeeded keeps its
     success even when another node is drained after it (its post-job check)."""
+    lost = lost_nodes(backend, ctx, slurm_job)
+    if lost and verdict.kind not in (HARDWARE, NODE_FAILURE):
+        where = "; ".join(f"{node}: {why}" for node, why in sorted(lost.items()))
+        return Classification(NODE_FAILURE, f"Slurm lost a node of the job ({where})",
+                              "node_failure", [*verdict.evidence,
+                                               f"on this node: {verdict.kind}"]), lost
     signalled = not slurm_job.get("ExitCode", "0:0").endswith(":0")
     if verdict.kind == HARDWARE or (verdict.kind == SUCCESS and not signalled) \
             or len(ctx.nodes) < 2:
@@ -32,3 +38,33 @@ def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobC
     return Classification(HARDWARE, f"a GPU fault on another node of the job ({where})",
                           "gpu_fault", [*verdict.evidence, f"on this node: {verdict.kind}"]
                           ), remote
+
+
+def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, str],
+               ) -> dict[str, str]:
+    """``{node: Slurm's state and reason}`` for the job's other nodes Slurm lost, asked only
+    when Slurm already ended the attempt by itself: a node failure (NODE_FAIL, or the job
+    already requeued by Slurm while this surviving node's epilog runs, which otherwise
+    looks like an exit 0)."""
+    from wrapper.slurm.records import SlurmJob, node_lost
+
+    job = SlurmJob.of(slurm_job)
+    if len(ctx.nodes) < 2 or not (job.final_state == "NODE_FAIL"
+                                  or job.requeued_since(ctx.attempt)):
+        return {}
+    from wrapper import log
+    from wrapper.errors import JobwrapError
+
+    found: dict[str, str] = {}
+    for node in ctx.nodes:
+        if node == ctx.node:
+            continue
+        try:
+            info = backend.node_info(node)
+        except JobwrapError as exc:
+            log.get().warning("watch.node_unreadable", node=node, error=str(exc))
+            continue
+        if node_lost(info):
+            reason = info.get("Reason", "").split(" [", 1)[0]
+            found[node] = f"{info.get('State', '')}" + (f" ({reason})" if reason else "")
+    return found
