@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import sys
 
-from tests.bench import ckpt_latest, guard, job_start, prolog_overhead, restart, staging, submit_lua
+from tests.bench import (
+    ckpt_latest,
+    faults,
+    guard,
+    job_start,
+    prolog_overhead,
+    restart,
+    staging,
+    submit_lua,
+)
 
 BENCHMARKS = {
     "prolog-overhead": prolog_overhead.main,
@@ -21,6 +30,9 @@ BENCHMARKS = {
     "stage-cached": staging.cached_main,
     "submit-lua": submit_lua.main,
     "job-start": job_start.main,
+    "fault-detect": faults.fault_detect_main,
+    "hang-detect": faults.hang_detect_main,
+    "watch-cpu": faults.watch_cpu_main,
 }
 
 
