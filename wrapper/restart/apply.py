@@ -62,12 +62,16 @@ def record_suspect(store: JobStore, ctx: JobContext, verdict: Classification,
 
 
 def requeue(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend,
-            decision: Decision, spawn: Spawner | None = None) -> bool:
-    """Requeue the job and start its release; a refusal is recorded, never raised."""
+            decision: Decision, spawn: Spawner | None = None,
+            already_requeued: bool = False) -> bool:
+    """Requeue the job and start its release; a refusal is recorded, never raised.
+    ``already_requeued``: Slurm requeued it without jobwrap (``wrapper.watch.requeued``):
+    only the release."""
     from wrapper import detach
 
     try:
-        backend.requeue(ctx.job_id)
+        if not already_requeued:
+            backend.requeue(ctx.job_id)
         argv = detach.jobwrap_argv("release", ctx.job_id)
         for node in decision.exclude_nodes:
             argv += ["--exclude", node]
