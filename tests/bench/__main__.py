@@ -6,6 +6,7 @@ import sys
 
 from tests.bench import (
     ckpt_latest,
+    faults,
     goodput,
     guard,
     job_start,
@@ -31,6 +32,9 @@ BENCHMARKS = {
     "submit-lua": submit_lua.main,
     "job-start": job_start.main,
     "goodput": goodput.main,
+    "fault-detect": faults.fault_detect_main,
+    "hang-detect": faults.hang_detect_main,
+    "watch-cpu": faults.watch_cpu_main,
 }
 
 

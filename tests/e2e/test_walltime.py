@@ -19,3 +19,34 @@ def test_a_job_without_steps_gets_the_walltime_signal_in_its_batch_shell(
     events = [e for e in JobState(cluster.state_dir, job_id).events()
               if e["event"] == "walltime.signal"]
     assert len(events) == 1 and events[0]["signal"] == "URG", events
+
+
+def test_a_job_that_requeues_itself_is_recorded_and_not_requeued_twice(
+        cluster: Cluster) -> None:
+    """What Lightning's auto-requeue does on its signal: ``scontrol requeue`` of its own job.
+    Slurm's Restarts moves without jobwrap; the epilog records it and does not requeue
+    again (a second requeue would kill the next attempt or be refused)."""
+    job_id = cluster.submit(
+        "#!/bin/bash\n#SBATCH --output=selfrq-%j.out --open-mode=append\n"
+        "#JOBWRAP --max-restarts=3\n"
+        "echo \"run restarts=${SLURM_RESTART_COUNT:-0}\"\n"
+        "if [ \"${SLURM_RESTART_COUNT:-0}\" = 0 ]; then\n"
+        "  scontrol requeue \"$SLURM_JOB_ID\"; sleep 60; echo 'not requeued'\nfi\n"
+        "echo finished\n", name="selfrq.sh")
+    # CANCELLED is Slurm's passing state of a requeue: wait for the real end
+    info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED"}, timeout=150)
+    output = (cluster.work / f"selfrq-{job_id}.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
+    assert output.count("run restarts=") == 2 and "not requeued" not in output, output
+    assert output.count("finished") == 1, output
+    events = JobState(cluster.state_dir, job_id).events()
+    external = [(e["attempt"], e["restarts"]) for e in events
+                if e["event"] == "requeue.external" and e["source"] == "root"]
+    assert external == [(0, 1)], events
+    assert not [e for e in events if e["event"] == "requeue.failed"], events
+    ends = [(e["attempt"], e["decision"]) for e in events
+            if e["event"] == "attempt.end" and e["source"] == "root"]
+    assert ends == [(0, "requeue"), (1, "done")], ends
+    epilogs = [e["attempt"] for e in events if e["event"] == "epilog.context"]
+    assert epilogs == [0, 1], epilogs  # Slurm's count had moved: the ended attempt is 0
+    assert "requeued without jobwrap" in output and "does not requeue it again" in output

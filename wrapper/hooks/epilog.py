@@ -46,6 +46,9 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     store = JobStore(state)
     # The prolog normally made the directory; an epilog after a failed prolog must not fail.
     state.prepare(ctx.uid, ctx.gid)
+    from wrapper.watch.requeued import ended_attempt
+
+    ctx = ended_attempt(ctx, store)  # Slurm counts a requeue the job made itself at once
     store.record(ev.EpilogContext(node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                                   context=ctx.as_dict()))
     from wrapper.watch import process as watch
@@ -172,6 +175,12 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
                       no_progress_limit=cfg.restart.no_progress_limit, fallback=fallback)
     if remote and decision.requeue:  # exclude the faulty nodes, not this healthy one
         decision = replace(decision, exclude_nodes=sorted(remote))
+    from wrapper.watch.requeued import hold_back  # the job requeued itself (Lightning)
+
+    decision, external = hold_back(decision, verdict, attempt=ctx.attempt, node=ctx.node,
+                                   job=gathered.job)
+    if external is not None:
+        store.record(external)
     if fallback is not None:
         apply.record_suspect(store, ctx, verdict, gathered)
     apply.record(store, ctx, verdict, decision, gathered)
@@ -183,7 +192,7 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
     if decision.requeue:
         apply.requeue(ctx, cfg, store, backend, decision,
                       spawn=services.spawn if services else None,
-                      already=gathered.job.requeued_since(ctx.attempt))
+                      already_requeued=external is not None)
     from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
 
     after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,

@@ -366,17 +366,23 @@ class WatchForensics(Event):
     seconds: float = 0.0
 
 
-@kind("requeue.by_slurm", writer="root")
-@dataclass(frozen=True)
-class RequeuedBySlurm(Event):
-    """Slurm had already requeued the job when the decision was made (a lost node, a
-    preemption, the job's own ``scontrol requeue``): jobwrap only released it."""
-
-
 @kind("requeue.failed", writer="root")
 @dataclass(frozen=True)
 class RequeueFailed(_Failed):
     """Slurm refused the requeue the decision asked for."""
+
+
+@kind("requeue.external", writer="root")
+@dataclass(frozen=True)
+class RequeuedWithoutJobwrap(Event):
+    """Slurm's Restarts moved past the attempt that ended without jobwrap's decision: the
+    job requeued itself (Lightning's auto-requeue: ``scontrol requeue`` on USR1), an admin
+    did, or Slurm did (a node failure). jobwrap does not requeue it a second time."""
+
+    restarts: int = 0  # Slurm's Restarts when the epilog looked
+    slurm_state: str = ""
+    kind: str = ""  # how jobwrap classed the attempt all the same
+    reason: str = ""
 
 
 @kind("archive", writer="root")

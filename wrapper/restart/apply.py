@@ -62,16 +62,15 @@ def record_suspect(store: JobStore, ctx: JobContext, verdict: Classification,
 
 
 def requeue(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend,
-            decision: Decision, spawn: Spawner | None = None, *, already: bool = False) -> bool:
+            decision: Decision, spawn: Spawner | None = None,
+            already_requeued: bool = False) -> bool:
     """Requeue the job and start its release; a refusal is recorded, never raised.
-    ``already``: Slurm has requeued it itself; only the release (past Slurm's hold, away
-    from the excluded nodes) is left to do."""
+    ``already_requeued``: Slurm requeued it without jobwrap (``wrapper.watch.requeued``):
+    only the release."""
     from wrapper import detach
 
     try:
-        if already:  # Slurm requeued it itself (a lost node): never a second requeue
-            store.record(ev.RequeuedBySlurm(attempt=ctx.attempt, node=ctx.node))
-        else:
+        if not already_requeued:
             backend.requeue(ctx.job_id)
         argv = detach.jobwrap_argv("release", ctx.job_id)
         for node in decision.exclude_nodes:

@@ -241,8 +241,6 @@ def from_json_node(data: Mapping[str, Any]) -> dict[str, str]:
 # Slurm's Reason while a job is COMPLETING tells what ended it.
 REASON_STATE = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "NodeFail": "NODE_FAIL",
                 "Preempted": "PREEMPTED", "OutOfMemory": "OUT_OF_MEMORY"}
-# Where a job Slurm requeued waits to run again.
-REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 # The batch step's id as SLURM_STEP_ID gives it (its name, or SLURM_BATCH_SCRIPT's number).
 BATCH_STEP_IDS = ("batch", "4294967294")
 
@@ -283,12 +281,6 @@ class SlurmJob:
         if self.state == "COMPLETING" or not self.state:
             return REASON_STATE.get(self.reason, "")
         return self.state
-
-    def requeued_since(self, attempt: int) -> bool:
-        """Slurm itself has already requeued the job past ``attempt`` (a node failure with
-        JobRequeue, a preemption, or the job's own ``scontrol requeue``): it is waiting to
-        run again, so a second requeue would be refused and must not be asked for."""
-        return self.restarts > attempt and self.state in REQUEUED_STATES
 
     @property
     def requeue_allowed(self) -> bool:

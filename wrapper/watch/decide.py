@@ -47,10 +47,11 @@ def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, s
     already requeued by Slurm while this surviving node's epilog runs, which otherwise
     looks like an exit 0)."""
     from wrapper.slurm.records import SlurmJob, node_lost
+    from wrapper.watch.requeued import requeued_without_jobwrap
 
     job = SlurmJob.of(slurm_job)
     if len(ctx.nodes) < 2 or not (job.final_state == "NODE_FAIL"
-                                  or job.requeued_since(ctx.attempt)):
+                                  or requeued_without_jobwrap(ctx.attempt, job)):
         return {}
     from wrapper import log
     from wrapper.errors import JobwrapError
