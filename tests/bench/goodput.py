@@ -56,7 +56,8 @@ from wrapper.state import JobState
 
 PYTHON = "/opt/jobwrap/frameworks/bin/python"
 GAP = 30  # steps a launch makes before the next fault
-KINDS = ("supervisor", "sigkill", "segfault", "hang", "xid", "node_loss", "walltime")
+# The walltime comes early: the lowered limit must end a launch with steps still to make.
+KINDS = ("supervisor", "walltime", "sigkill", "segfault", "hang", "xid", "node_loss")
 EXPECTED = {"supervisor": "none", "sigkill": "killed", "segfault": "user_error",
             "hang": "hang", "xid": "hardware", "node_loss": "node_failure",
             "walltime": "walltime"}
@@ -167,6 +168,9 @@ class Run:
             since = self.faults[-1].reached
         if reached - since < GAP or reached % job.SAVE_EVERY != job.SAVE_EVERY // 2:
             return  # mid-way between two checkpoints: half an interval to lose
+        if self.faults and self.faults[-1].kind == "walltime" \
+                and self.faults[-1].launch == launch.id:
+            return  # this launch is to reach its lowered time limit: the next fault waits
         kind = KINDS[len(self.faults)]
         fault = Fault(kind, time.time(), launch.id, launch.attempt, reached)
         getattr(self, f"do_{kind}")(launch)
