@@ -187,6 +187,10 @@ def test_json_of_real_slurm_25_11_job() -> None:
     assert got["WorkDir"] == "/tmp/jobwrap-sandbox/work"
     assert (got["ExcNodeList"], got["Account"]) == ("(null)", "(null)")
     assert got["Extra"] == "jobwrap:1 #JOBWRAP --max-restarts=1"
+    # what archive/rerun.py asks for again (a rerun of a 2-node job is a 2-node job)
+    assert (got["NumNodes"], got["NumTasks"], got["CPUs/Task"]) == ("2", "2", "1")
+    assert got["ReqTRES"] == "cpu=2,mem=4000M,node=2,billing=2"
+    assert (got["MinMemoryNode"], got["MinMemoryCPU"], got["QOS"]) == ("0", "", "(null)")
     assert "ArrayJobId" not in got
     job = SlurmJob.of(got)
     assert (job.state, job.requeue, job.exit_code, job.exit_signal) == ("RUNNING", True, 0, 0)

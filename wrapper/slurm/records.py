@@ -183,6 +183,12 @@ def _exit(value: Any) -> str:
     return f"{(status >> 8) & 0xFF}:{status & 0x7F}" if status is not None else ""
 
 
+def _memory(value: Any) -> str:
+    """Megabytes as scontrol prints them (``4000M``); unset: ""."""
+    megabytes = _number(value)
+    return f"{megabytes}M" if megabytes else ("0" if megabytes == 0 else "")
+
+
 def _text(value: Any, empty: str = "") -> str:
     return str(value) if value not in (None, "") else empty
 
@@ -232,6 +238,17 @@ def from_json_job(data: Mapping[str, Any], job_id: str | None = None) -> dict[st
         "Command": _text(job.get("command")),
         "WorkDir": _text(job.get("current_working_directory")),
         "Comment": _text(job.get("comment")),
+        # what a rerun asks for again (archive/rerun.py), as scontrol prints it
+        "NumNodes": _text(_number(job.get("node_count"))),
+        "NumTasks": _text(_number(job.get("tasks"))),
+        "CPUs/Task": _text(_number(job.get("cpus_per_task"))),
+        "ReqTRES": _text(job.get("tres_req_str")),
+        "TresPerNode": _text(job.get("tres_per_node")),
+        "MinMemoryNode": _memory(job.get("memory_per_node")),
+        "MinMemoryCPU": _memory(job.get("memory_per_cpu")),
+        "QOS": _text(job.get("qos"), "(null)"),
+        "Reservation": _text(job.get("reservation"), "(null)"),
+        "Features": _text(job.get("features"), "(null)"),
         "AdminComment": _text(job.get("admin_comment")),
         "Extra": _text(job.get("extra")),
         "StdOut": _text(job.get("stdout_expanded") or job.get("standard_output")),
