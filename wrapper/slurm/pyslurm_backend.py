@@ -116,6 +116,11 @@ def job_fields(job: Any) -> dict[str, str]:
         "WorkDir": _text(job.working_directory), "Comment": _text(job.comment),
         "StdOut": _text(job.standard_output), "StdErr": _text(job.standard_error),
         "StdIn": _text(job.standard_input),
+        # what a rerun asks for again (archive/rerun.py)
+        "NumNodes": _text(getattr(job, "num_nodes", None)),
+        "NumTasks": _text(getattr(job, "ntasks", None)),
+        "CPUs/Task": _text(getattr(job, "cpus_per_task", None)),
+        "QOS": _text(getattr(job, "qos", None), "(null)"),
         "AdminComment": _text(getattr(job, "admin_comment", None)),
         "Extra": _text(getattr(job, "extra", None)),
     }
