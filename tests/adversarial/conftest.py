@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from wrapper.osl.users import UserIds
+from wrapper.sandbox import flavor
 from wrapper.sandbox.cluster import Cluster
 
 RIVAL = "jwrival"
@@ -81,7 +82,9 @@ def run_as_slurmd(cluster: Cluster, hook: str, env: Mapping[str, str], *,
 def as_user(cluster: Cluster, user: str, argv: list[str], *, timeout: float = 30,
             cwd: str | os.PathLike[str] = "/") -> subprocess.CompletedProcess[str]:
     """``argv`` run by ``user`` (runuser), with the sandbox's Slurm in its environment."""
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "SLURM_CONF": str(cluster.conf),
+    # The cluster's own Slurm clients first (a built 25.11's), never Debian's for it.
+    path = flavor.client_env(cluster.spec.slurm_prefix, {"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    env = {"PATH": path["PATH"], "SLURM_CONF": str(cluster.conf),
            "HOME": pwd.getpwnam(user).pw_dir, "LANG": "C.UTF-8"}
     return subprocess.run(["/usr/sbin/runuser", "-u", user, "--", *argv], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, check=False)

@@ -3,6 +3,8 @@ the backend it gets, and slurmctld's calls per job start, counted by sdiag."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -52,11 +54,15 @@ def test_pyslurm_reads_what_scontrol_reads(cluster: Cluster,
     assert "IDLE" in auto.node_info("n1")["State"].upper()
 
 
-def test_job_start_costs_slurmctld_at_most_two_calls(cluster: Cluster) -> None:
+@pytest.mark.parametrize("output", ["#SBATCH --output=cnt-%j.out\n", ""],
+                         ids=["output", "no-output"])
+def test_job_start_costs_slurmctld_at_most_two_calls(cluster: Cluster, output: str) -> None:
     """A 2-node job with directives: the prologs on both nodes and the supervisor's first
     look. 25.11 hands the prolog the job (SLURM_JOB_*, job_submit.lua's Extra): no call
-    per node. 22.05 does not: the job record and the script, per node."""
-    script = ("#!/bin/bash\n#SBATCH --output=cnt-%j.out\n#JOBWRAP --checkpoint-dir=ck "
+    per node, with or without --output (slurmctld gives a batch job with none its default
+    slurm-%j.out, which the prolog's SLURM_JOB_STDOUT carries). 22.05 does not: the job
+    record and the script, per node."""
+    script = (f"#!/bin/bash\n{output}#JOBWRAP --checkpoint-dir=ck "
               "--max-restarts=1\necho started > started-$SLURM_JOB_ID\nsleep 15\n")
     warm = cluster.submit(script, "-N", "2", name="cnt.sh")  # fills the nodes' gres caches
     cluster.wait_job(warm, timeout=90)
@@ -75,3 +81,20 @@ def test_job_start_costs_slurmctld_at_most_two_calls(cluster: Cluster) -> None:
         assert total <= 2, calls
     else:
         assert total <= 2 * 2 + 1, calls  # 22.05: job record + script per node, supervisor
+
+
+def test_pyslurm_is_not_imported_without_a_readable_slurm_conf(cluster: Cluster) -> None:
+    """libslurm reads slurm.conf as pyslurm imports and, where it cannot, retries for a
+    minute then exits the process: a hook would die (and its node drain). The backend
+    then is the CLI one, at once, and the process lives on."""
+    code = ("from wrapper import slurm; from wrapper.config import SlurmConfig; "
+            "from wrapper.runner import Runner; "
+            f"print(slurm.backend(SlurmConfig(scontrol_command={_config(cluster).scontrol_command!r}"
+            "), Runner()).name)")
+    for conf in ("/nonexistent/slurm.conf", ""):
+        env = {**cluster.env(), "SLURM_CONF": conf}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=30, check=False)
+        assert (done.returncode, done.stdout.split()[-1:]) == (0, ["cli"]), done.stderr
+        if cluster.spec.slurm_prefix:  # pyslurm is there: one line says why it is not used
+            assert "names no readable slurm.conf; using Slurm's commands" in done.stdout

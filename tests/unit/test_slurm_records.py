@@ -7,6 +7,9 @@ blanks, newlines and brackets: Slurm's real fields must come back exactly as pri
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -167,3 +170,46 @@ def test_any_host_list_is_a_bounded_list_or_a_clear_error(text: str) -> None:
         return
     assert len(names) <= MAX_HOSTS
     assert all(name and "[" not in name and "]" not in name for name in names)
+
+
+SLURM25 = Path(__file__).parents[1] / "fixtures" / "slurm25"
+
+
+def test_json_of_real_slurm_25_11_job() -> None:
+    """A real ``scontrol --json show job`` of Slurm 25.11.7 (data_parser v0.0.44), of a
+    2-node job with no --output, a --time=7, and job_submit.lua's Extra."""
+    got = from_json_job(json.loads((SLURM25 / "job.json").read_text()), "1")
+    assert (got["JobId"], got["JobName"], got["UserId"]) == ("1", "noout.sh", "jwtest(1001)")
+    assert (got["JobState"], got["Reason"], got["Requeue"], got["Restarts"]) == \
+        ("RUNNING", "None", "1", "0")
+    assert (got["ExitCode"], got["TimeLimit"], got["NodeList"]) == ("0:0", "00:07:00", "n[1-2]")
+    assert got["StdOut"] == "/tmp/jobwrap-sandbox/work/slurm-1.out"  # slurmctld's default
+    assert got["WorkDir"] == "/tmp/jobwrap-sandbox/work"
+    assert (got["ExcNodeList"], got["Account"]) == ("(null)", "(null)")
+    assert got["Extra"] == "jobwrap:1 #JOBWRAP --max-restarts=1"
+    # what archive/rerun.py asks for again (a rerun of a 2-node job is a 2-node job)
+    assert (got["NumNodes"], got["NumTasks"], got["CPUs/Task"]) == ("2", "2", "1")
+    assert got["ReqTRES"] == "cpu=2,mem=4000M,node=2,billing=2"
+    assert (got["MinMemoryNode"], got["MinMemoryCPU"], got["QOS"]) == ("0", "", "(null)")
+    assert "ArrayJobId" not in got
+    job = SlurmJob.of(got)
+    assert (job.state, job.requeue, job.exit_code, job.exit_signal) == ("RUNNING", True, 0, 0)
+
+
+def test_json_of_real_slurm_25_11_array_picks_the_task_asked_for() -> None:
+    """25.11 prints every task of the array for ``show job 2_1``, task 2 first."""
+    data = json.loads((SLURM25 / "job_array.json").read_text())
+    assert len(data["jobs"]) == 2
+    first = from_json_job(data, "2_1")
+    assert (first["ArrayJobId"], first["ArrayTaskId"]) == ("2", "1")
+    assert first["StdOut"] == "/tmp/jobwrap-sandbox/work/o-3.out"  # task 1 is job 3
+    second = from_json_job(data, "2")
+    assert (second["JobId"], second["ArrayTaskId"], second["Comment"]) == ("2", "2", "x y")
+    with pytest.raises(SlurmError, match="no job 2_7"):
+        from_json_job(data, "2_7")
+
+
+def test_json_of_real_slurm_25_11_node() -> None:
+    got = from_json_node(json.loads((SLURM25 / "node.json").read_text()))
+    assert got == {"NodeName": "n1", "State": "MIXED+COMPLETING", "Gres": "gpu:4",
+                   "Reason": "", "Partitions": "debug"}

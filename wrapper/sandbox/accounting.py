@@ -30,8 +30,11 @@ PROGRAMS = ("mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "sacctmgr")
 
 
 class Accounting:
-    def __init__(self, base: Path, db_port: int, dbd_port: int, cluster_name: str) -> None:
+    def __init__(self, base: Path, db_port: int, dbd_port: int, cluster_name: str,
+                 slurm_prefix: str = "") -> None:
         self.base = base
+        # slurmdbd must be the cluster's own Slurm's (22.05's cannot serve a 25.11 slurmctld)
+        self.slurm_prefix = slurm_prefix
         self.dir = base / "accounting"
         self.db_port = db_port
         self.dbd_port = dbd_port
@@ -49,10 +52,14 @@ class Accounting:
                 "AccountingStoreFlags=job_comment\n")
 
     def start(self, env: dict[str, str]) -> list[Daemon]:
+        from wrapper.sandbox import flavor
         from wrapper.sandbox.cluster import SandboxError, _daemon
 
-        missing = [p for p in PROGRAMS if not shutil.which(p) and
+        slurmdbd = flavor.program(self.slurm_prefix, "slurmdbd")
+        missing = [p for p in PROGRAMS if not shutil.which(p, path=env.get("PATH")) and
                    not Path(f"/usr/sbin/{p}").exists()]
+        if self.slurm_prefix and not Path(slurmdbd).is_file():
+            missing.append(slurmdbd)
         if missing:
             raise SandboxError(f"Slurm accounting needs {', '.join(missing)}: run "
                                "`bash tools/bootstrap` (Debian packages slurmdbd, "
@@ -98,7 +105,7 @@ StorageLoc=slurm_acct_db
         slurm = pwd.getpwnam("slurm")
         os.chown(conf, slurm.pw_uid, slurm.pw_gid)
         os.chmod(conf, 0o600)
-        daemons.append(self._spawn("slurmdbd", [_sbin("slurmdbd"), "-D"], env, _daemon))
+        daemons.append(self._spawn("slurmdbd", [_sbin(slurmdbd), "-D"], env, _daemon))
         self._wait(lambda: runner.run(["sacctmgr", "-n", "show", "cluster"], timeout=10,
                                       check=False).returncode == 0,
                    "slurmdbd", self.base / "log" / "slurmdbd.log")

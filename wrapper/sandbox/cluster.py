@@ -160,7 +160,8 @@ class Cluster:
     def _accounting(self) -> Any:
         from wrapper.sandbox.accounting import Accounting
 
-        return Accounting(self.base, self.spec.db_port, self.spec.dbd_port, "jobwrap-sandbox")
+        return Accounting(self.base, self.spec.db_port, self.spec.dbd_port, "jobwrap-sandbox",
+                          self.spec.slurm_prefix)
 
     def down(self) -> list[str]:
         """Stop what this sandbox started; returns the names of the processes stopped."""

@@ -48,10 +48,11 @@ def backend(config: SlurmConfig, runner: Runner | None = None) -> SlurmBackend:
         return PyslurmBackend(module, config, runner)
     if config.backend == "pyslurm":
         raise SlurmError(f"[slurm] backend = \"pyslurm\" but {why}; set backend = \"cli\"")
-    if "does not match" in why and not _warned:  # built for another Slurm: one line
+    if ("does not match" in why or "SLURM_CONF" in why) and not _warned:  # one line
         from wrapper import log
 
         _warned.append(why)
-        log.get().warning("slurm.backend", backend="cli", why=why + "; using Slurm's "
-                          "commands (install the pyslurm release of this Slurm)")
+        hint = " (install the pyslurm release of this Slurm)" if "match" in why else ""
+        log.get().warning("slurm.backend", backend="cli",
+                          why=f"{why}; using Slurm's commands{hint}")
     return cli

@@ -81,7 +81,7 @@ class CliBackend:
         job = _job_id(job_id)
         data = self._json("show", "job", job)
         if data is not None:
-            return from_json_job(data)
+            return from_json_job(data, job)
         out = self._scontrol("-o", "show", "job", job)
         if not out.strip():
             raise SlurmError(f"scontrol show job {job_id} printed nothing")

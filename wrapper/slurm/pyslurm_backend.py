@@ -15,6 +15,7 @@ from wrapper.errors import SlurmError
 from wrapper.slurm.commands import CliBackend
 from wrapper.slurm.parse import check_job_id as _job_id
 from wrapper.slurm.parse import check_node as _node
+from wrapper.slurm.records import limit_text
 
 
 def major_minor(version: str) -> str:
@@ -27,6 +28,19 @@ def load_matching(slurm_version: Callable[[], str]) -> tuple[ModuleType | None, 
     ``slurm_version`` is asked only once pyslurm imports, so sites without pyslurm pay
     for no scontrol call.
     """
+    import importlib.util
+    import os
+    import sys
+
+    loaded = "pyslurm" in sys.modules  # imported once already: libslurm is up
+    if not loaded and importlib.util.find_spec("pyslurm") is None:
+        return None, "pyslurm is not installed"
+    conf = os.environ.get("SLURM_CONF", "")
+    readable = bool(conf) and os.path.isfile(conf) and os.access(conf, os.R_OK)
+    if not loaded and not readable:
+        # libslurm reads it as pyslurm imports, and where it cannot, retries for a minute
+        # and then exits the process: a hook would die. slurmd always sets it for hooks.
+        return None, f"SLURM_CONF={conf!r} names no readable slurm.conf"
     try:
         import pyslurm
     except ImportError as exc:
@@ -56,6 +70,8 @@ class PyslurmBackend(CliBackend):
             raise SlurmError(f"pyslurm {what}: {exc}") from None
 
     def job_info(self, job_id: str) -> dict[str, str]:
+        if "_" in _job_id(job_id):  # an array task as A_T: pyslurm loads by job id only
+            return super().job_info(job_id)
         job = self._call(f"Job.load({job_id})",
                          lambda: self.pyslurm.Job.load(int(_job_id(job_id))))
         return job_fields(job)
@@ -84,11 +100,6 @@ def job_fields(job: Any) -> dict[str, str]:
             if value else "Unknown"
 
     limit = job.time_limit
-    if limit is None:
-        limit_text = "UNLIMITED"
-    else:
-        days, minutes = divmod(int(limit), 1440)
-        limit_text = f"{days}-{minutes // 60:02d}:{minutes % 60:02d}:00"
     out = {
         "JobId": str(job.id), "JobName": _text(job.name),
         "UserId": f"{_text(job.user_name)}({_text(job.user_id)})",
@@ -96,14 +107,22 @@ def job_fields(job: Any) -> dict[str, str]:
         "Requeue": "1" if job.is_requeueable else "0",
         "Restarts": _text(job.requeue_count, "0"),
         "ExitCode": f"{job.exit_code or 0}:{job.exit_code_signal or 0}",
-        "TimeLimit": limit_text, "StartTime": when(job.start_time),
-        "EndTime": when(job.end_time), "SubmitTime": when(job.submit_time),
+        "TimeLimit": limit_text(None if limit is None else int(limit)),
+        "StartTime": when(job.start_time), "EndTime": when(job.end_time),
+        "SubmitTime": when(job.submit_time),
         "Partition": _text(job.partition), "NodeList": _text(job.allocated_nodes),
         "BatchHost": _text(job.batch_host), "ExcNodeList": _text(job.excluded_nodes, "(null)"),
         "Account": _text(job.account, "(null)"), "Command": _text(job.command),
         "WorkDir": _text(job.working_directory), "Comment": _text(job.comment),
         "StdOut": _text(job.standard_output), "StdErr": _text(job.standard_error),
         "StdIn": _text(job.standard_input),
+        # what a rerun asks for again (archive/rerun.py)
+        "NumNodes": _text(getattr(job, "num_nodes", None)),
+        "NumTasks": _text(getattr(job, "ntasks", None)),
+        "CPUs/Task": _text(getattr(job, "cpus_per_task", None)),
+        "QOS": _text(getattr(job, "qos", None), "(null)"),
+        "AdminComment": _text(getattr(job, "admin_comment", None)),
+        "Extra": _text(getattr(job, "extra", None)),
     }
     if job.array_id:
         out["ArrayJobId"] = str(job.array_id)

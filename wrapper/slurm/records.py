@@ -161,7 +161,11 @@ def _time(value: Any) -> str:
 def _minutes(value: Any) -> str:
     if isinstance(value, dict) and value.get("infinite"):
         return "UNLIMITED"
-    minutes = _number(value)
+    return limit_text(_number(value))
+
+
+def limit_text(minutes: int | None) -> str:
+    """A time limit in minutes as ``scontrol show job`` prints it (None: UNLIMITED)."""
     if minutes is None:
         return "UNLIMITED"
     days, rest = divmod(minutes, 24 * 60)
@@ -179,16 +183,40 @@ def _exit(value: Any) -> str:
     return f"{(status >> 8) & 0xFF}:{status & 0x7F}" if status is not None else ""
 
 
+def _memory(value: Any) -> str:
+    """Megabytes as scontrol prints them (``4000M``); unset: ""."""
+    megabytes = _number(value)
+    return f"{megabytes}M" if megabytes else ("0" if megabytes == 0 else "")
+
+
 def _text(value: Any, empty: str = "") -> str:
     return str(value) if value not in (None, "") else empty
 
 
-def from_json_job(data: Mapping[str, Any]) -> dict[str, str]:
-    """One job of ``scontrol --json show job`` as the fields ``scontrol show job`` prints."""
+def _pick_job(jobs: list[Any], job_id: str | None) -> Mapping[str, Any]:
+    """The job asked for: ``scontrol --json show job A_T`` (or the id of an array's
+    master) prints every task of the array, in no order that names the one asked for."""
+    found = [j for j in jobs if isinstance(j, dict)]
+    if job_id is None:
+        return found[0]
+    head, _, task = job_id.partition("_")
+    for job in found:
+        if task:
+            if (_text(_number(job.get("array_job_id"))) == head
+                    and _text(_number(job.get("array_task_id"))) == task):
+                return job
+        elif _text(_number(job.get("job_id"))) == head:
+            return job
+    raise SlurmError(f"scontrol --json show job {job_id} printed no job {job_id}")
+
+
+def from_json_job(data: Mapping[str, Any], job_id: str | None = None) -> dict[str, str]:
+    """The job ``job_id`` (default: the first) of ``scontrol --json show job`` as the fields
+    ``scontrol show job`` prints."""
     jobs = data.get("jobs")
     if not isinstance(jobs, list) or not jobs or not isinstance(jobs[0], dict):
         raise SlurmError("scontrol --json show job printed no job")
-    job = jobs[0]
+    job = _pick_job(jobs, job_id)
     out = {
         "JobId": _text(_number(job.get("job_id"))),
         "JobName": _text(job.get("name")),
@@ -210,6 +238,19 @@ def from_json_job(data: Mapping[str, Any]) -> dict[str, str]:
         "Command": _text(job.get("command")),
         "WorkDir": _text(job.get("current_working_directory")),
         "Comment": _text(job.get("comment")),
+        # what a rerun asks for again (archive/rerun.py), as scontrol prints it
+        "NumNodes": _text(_number(job.get("node_count"))),
+        "NumTasks": _text(_number(job.get("tasks"))),
+        "CPUs/Task": _text(_number(job.get("cpus_per_task"))),
+        "ReqTRES": _text(job.get("tres_req_str")),
+        "TresPerNode": _text(job.get("tres_per_node")),
+        "MinMemoryNode": _memory(job.get("memory_per_node")),
+        "MinMemoryCPU": _memory(job.get("memory_per_cpu")),
+        "QOS": _text(job.get("qos"), "(null)"),
+        "Reservation": _text(job.get("reservation"), "(null)"),
+        "Features": _text(job.get("features"), "(null)"),
+        "AdminComment": _text(job.get("admin_comment")),
+        "Extra": _text(job.get("extra")),
         "StdOut": _text(job.get("stdout_expanded") or job.get("standard_output")),
         "StdErr": _text(job.get("stderr_expanded") or job.get("standard_error")),
         "StdIn": _text(job.get("stdin_expanded") or job.get("standard_input")),
