@@ -135,3 +135,30 @@ def test_an_unreachable_slurmctld_is_not_asked_more_often(tmp_path: Path) -> Non
     counts = per_minute(counted.calls, start, 10)
     assert max(counts) <= 1, counts
     assert 5 <= sum(counts) <= 7
+
+
+def test_a_node_watcher_asks_slurmctld_once_in_ten_minutes_and_never_at_start(
+        tmp_path: Path) -> None:
+    """Every node of a job runs a watcher: on a 1,000-node job, a watcher asking as often
+    as a supervisor would be 1,000 calls at start and 17 a second after. The watcher's
+    look (wrapper/watch/process.py) waits WATCH_ASK_EVERY, and root's epilog.context on
+    its node ends it without asking."""
+    from wrapper.job import events as ev
+    from wrapper.watch.process import WATCH_ASK_EVERY
+
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(None, None)
+    clock = Clock()
+    slurm = Counted(FakeSlurm(jobs={JOB: {"JobId": JOB, "JobState": "RUNNING"}}))
+    slurm.clock = clock
+    look = SlurmLook(slurm, JOB, state, 0, unreachable_after=600.0,
+                     ask_every=WATCH_ASK_EVERY, ask_at_once=False, clock=clock)
+    start = clock.now
+    for _ in range(int(3 * WATCH_ASK_EVERY / 10)):  # a look every 10 s for 30 minutes
+        assert look() == "RUNNING"
+        clock.now += 10
+    asked = [t - start for t, _ in slurm.calls]
+    assert WATCH_ASK_EVERY >= 600 and len(asked) == 2, asked
+    assert asked[0] >= WATCH_ASK_EVERY  # none at start
+    state.append(ev.EpilogContext.KIND, attempt=0, node="n1", hook="epilog")
+    assert look() == "COMPLETING" and len(slurm.calls) == 2

@@ -123,15 +123,19 @@ class SlurmLook:
     """
 
     def __init__(self, backend: SlurmBackend, job_id: str, state: JobState, attempt: int, *,
-                 unreachable_after: float,
+                 unreachable_after: float, ask_every: float = SLURM_ASK_EVERY,
+                 ask_at_once: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """``ask_every``: the fewest seconds between two asks; ``ask_at_once``: the first
+        look asks (else the first ask waits ``ask_every``: the prolog just saw the job)."""
         self.backend = backend
         self.job_id = job_id
         self.state = state
         self.attempt = attempt
         self.unreachable_after = unreachable_after
+        self.ask_every = ask_every
         self.clock = clock
-        self.asked: float | None = None
+        self.asked: float | None = None if ask_at_once else clock()
         self.unreachable_since: float | None = None
 
     def __call__(self) -> str:
@@ -139,7 +143,7 @@ class SlurmLook:
                and e.get("source") == "root" for e in self.state.events()):
             return "COMPLETING"
         now = self.clock()
-        if self.asked is not None and now - self.asked < SLURM_ASK_EVERY:
+        if self.asked is not None and now - self.asked < self.ask_every:
             return "RUNNING"
         self.asked = now
         try:

@@ -23,6 +23,7 @@ from wrapper.state import JobState
 from wrapper.watch.feed import Fault, Watcher
 
 MODULE = "wrapper.watch"
+WATCH_ASK_EVERY = 600.0  # seconds between a watcher's asks to slurmctld (see run())
 
 
 def pid_file(node: str) -> str:
@@ -125,12 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
 
-    def job_state() -> str | None:
-        try:
-            return backend.job_state(args.job_id)
-        except JobwrapError as exc:
-            log.get().warning("watch.slurm_unreachable", error=str(exc))
-            return None
+    from wrapper.supervisor.launch import SlurmLook
+
+    # The epilog stops the watcher, and root's epilog.context of the attempt ends it too:
+    # Slurm is only the safety net for a node whose epilog never runs, asked once every
+    # WATCH_ASK_EVERY s (a 1,000-node job's watchers: under 2 calls a second, none at start).
+    job_state = SlurmLook(backend, args.job_id, state, args.attempt,
+                          unreachable_after=cfg.supervisor.slurm_unreachable,
+                          ask_every=WATCH_ASK_EVERY, ask_at_once=False)
 
     def superseded() -> bool:
         return any(e.get("event") == ev.PrologContext.KIND and e.get("source") == "root"
