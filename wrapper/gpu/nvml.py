@@ -277,6 +277,9 @@ class NvmlProbe:
                                   "nvmlDeviceGetComputeRunningProcesses_v2"))
             values["compute_pids"] = None if procs is None else tuple(
                 sorted(int(p.pid) for p in procs))
+        if "utilization_pct" in wanted:
+            rates = opt("read the utilisation", nv.nvmlDeviceGetUtilizationRates)
+            values["utilization_pct"] = None if rates is None else int(rates.gpu)
         return GpuReading(**values)
 
     def _nvlinks(self, nv: Any, handle: Any,

@@ -80,6 +80,7 @@ class GpuReading:
     persistence_mode: bool | None = None
     memory_used_mib: int | None = None            # excluding memory the driver reserves
     compute_pids: tuple[int, ...] | None = None   # compute processes on the GPU
+    utilization_pct: int | None = None            # GPU busy over the last sample period
 
     def short_uuid(self) -> str:
         """The UUID's first 8 hex digits, enough to tell a node's GPUs apart: GPU-1a2b3c4d."""

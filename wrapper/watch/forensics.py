@@ -163,7 +163,7 @@ def gpu_state(cfg: Any, node: str, gpus: Sequence[int]) -> list[dict[str, Any]]:
     except JobwrapError as exc:
         return [{"error": str(exc)}]
     return [{"index": r.index, "uuid": r.uuid, "memory_used_mib": r.memory_used_mib,
-             "utilization_pct": getattr(r, "utilization_pct", None),
+             "utilization_pct": r.utilization_pct,
              "compute_pids": list(r.compute_pids or ())}
             for r in readings if r.minor in gpus]
 
