@@ -139,13 +139,23 @@ class Run:
             else job.baseline_script(PYTHON, self.name)
         self.job = self.cluster.submit(script, name=f"{self.name}.sh")
         deadline = time.monotonic() + RUN_TIMEOUT
+        ended_since: float | None = None
         while time.monotonic() < deadline:
             state = self.cluster.job(self.job).get("JobState", "")
             if state == "RUNNING" and not self.first_running:
                 self.first_running = time.time()
             if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                          "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
-                break
+                # A state Slurm shows between an attempt's end and its requeue (TIMEOUT,
+                # NODE_FAIL...) is not the job's end: it must last, or the job be done.
+                logged = read_log(self.dir / "steps.log")
+                if state == "COMPLETED" or (logged and logged[-1].done):
+                    break
+                ended_since = ended_since or time.monotonic()
+                if time.monotonic() - ended_since > 30:
+                    break
+            else:
+                ended_since = None
             self.pending = [repair for repair in self.pending if not repair()]
             launches = read_log(self.dir / "steps.log")
             if launches and len(self.faults) < len(KINDS):
