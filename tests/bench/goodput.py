@@ -61,7 +61,7 @@ KINDS = ("supervisor", "walltime", "sigkill", "segfault", "hang", "xid", "node_l
 EXPECTED = {"supervisor": "none", "sigkill": "killed", "segfault": "user_error",
             "hang": "hang", "xid": "hardware", "node_loss": "node_failure",
             "walltime": "walltime"}
-RUN_TIMEOUT = 480
+RUN_TIMEOUT = 720  # s: the baseline waits out Slurm's 121 s requeue hold and more
 
 
 @dataclass
