@@ -153,7 +153,9 @@ def command(*, job_id: str, slurm: Mapping[str, Any], work_dir: str | None,
         if text(key):
             options.append(f"{flag}={text(key)}")
     tres = dict(t.partition("=")[::2] for t in text("ReqTRES").split(",") if "=" in t)
-    nodes = text("NumNodes") or tres.get("node", "")
+    # What the job asked for (ReqTRES node=N): NumNodes shrinks while nodes leave a
+    # COMPLETING job, and the epilog of the last node may read it at 1.
+    nodes = tres.get("node", "") or text("NumNodes")
     if re.fullmatch(r"\d+(-\d+)?", nodes):
         options.append(f"--nodes={nodes}")
     for flag, key in (("--ntasks", "NumTasks"), ("--cpus-per-task", "CPUs/Task")):
