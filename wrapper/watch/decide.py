@@ -53,18 +53,10 @@ def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, s
     if len(ctx.nodes) < 2 or not (job.final_state == "NODE_FAIL"
                                   or requeued_without_jobwrap(ctx.attempt, job)):
         return {}
-    from wrapper import log
-    from wrapper.errors import JobwrapError
+    from wrapper.watch.remote import node_records
 
     found: dict[str, str] = {}
-    for node in ctx.nodes:
-        if node == ctx.node:
-            continue
-        try:
-            info = backend.node_info(node)
-        except JobwrapError as exc:
-            log.get().warning("watch.node_unreadable", node=node, error=str(exc))
-            continue
+    for node, info in node_records(backend, ctx.nodes, ctx.node):
         if node_lost(info):
             reason = info.get("Reason", "").split(" [", 1)[0]
             found[node] = f"{info.get('State', '')}" + (f" ({reason})" if reason else "")

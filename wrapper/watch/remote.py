@@ -27,15 +27,20 @@ def faults_elsewhere(backend: SlurmBackend, nodes: Sequence[str], here: str, att
         if e.get("event") == ev.WatchFault.KIND and e.get("attempt") == attempt and node != here \
                 and node in nodes:
             found[node] = str(e.get("reason", "a GPU fault"))
-    for node in nodes:
-        if node == here or node in found:
-            continue
-        try:
-            info = backend.node_info(node)
-        except JobwrapError as exc:
-            log.get().warning("watch.node_unreadable", node=node, error=str(exc))
-            continue
+    for node, info in node_records(backend, [n for n in nodes if n not in found], here):
         reason = info.get("Reason", "")
         if "DRAIN" in info.get("State", "").upper() and reason.startswith("jobwrap:"):
             found[node] = reason.split(" [", 1)[0]  # Slurm appends " [user@time]"
     return found
+
+
+def node_records(backend: SlurmBackend, nodes: Sequence[str], here: str
+                 ) -> Iterable[tuple[str, dict[str, str]]]:
+    """Slurm's record of each of ``nodes`` but ``here`` (one unreadable is logged, skipped)."""
+    for node in nodes:
+        if node == here:
+            continue
+        try:
+            yield node, backend.node_info(node)
+        except JobwrapError as exc:
+            log.get().warning("watch.node_unreadable", node=node, error=str(exc))
