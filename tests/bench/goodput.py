@@ -61,7 +61,7 @@ KINDS = ("supervisor", "walltime", "sigkill", "segfault", "hang", "xid", "node_l
 EXPECTED = {"supervisor": "none", "sigkill": "killed", "segfault": "user_error",
             "hang": "hang", "xid": "hardware", "node_loss": "node_failure",
             "walltime": "walltime"}
-RUN_TIMEOUT = 720  # s: the baseline waits out Slurm's 121 s requeue hold and more
+RUN_TIMEOUT = 900  # s: the baseline waits out Slurm's 121 s requeue hold and more
 
 
 @dataclass
@@ -176,12 +176,17 @@ class Run:
         since = launch.resumed
         if self.faults and self.faults[-1].launch == launch.id:
             since = self.faults[-1].reached
-        if reached - since < GAP or reached % job.SAVE_EVERY != job.SAVE_EVERY // 2:
-            return  # mid-way between two checkpoints: half an interval to lose
         if self.faults and self.faults[-1].kind == "walltime" \
                 and self.faults[-1].launch == launch.id:
             return  # this launch is to reach its lowered time limit: the next fault waits
         kind = KINDS[len(self.faults)]
+        if reached - since < GAP:
+            return
+        if kind == "walltime":
+            if not 35 <= self.run_seconds() % 60 <= 50:
+                return  # the limit (whole minutes) then falls 10-25 s from now
+        elif reached % job.SAVE_EVERY != job.SAVE_EVERY // 2:
+            return  # mid-way between two checkpoints: half an interval to lose
         fault = Fault(kind, time.time(), launch.id, launch.attempt, reached)
         getattr(self, f"do_{kind}")(launch)
         self.faults.append(fault)
@@ -237,11 +242,15 @@ class Run:
             return True
         self.pending.append(repair)
 
-    def do_walltime(self, launch: Launch) -> None:
+    def run_seconds(self) -> int:
+        """The running attempt's RunTime, in seconds (Slurm's, which its limit is set on)."""
         run = self.cluster.job(self.job).get("RunTime", "0:0:0")
         days, _, hms = run.rpartition("-")
         h, m, s = (int(x) for x in hms.split(":"))
-        minutes = math.ceil(((int(days or 0) * 24 + h) * 60 + m + s / 60) + 0.5)
+        return ((int(days or 0) * 24 + h) * 60 + m) * 60 + s
+
+    def do_walltime(self, launch: Launch) -> None:
+        minutes = math.ceil(self.run_seconds() / 60)
         self.sh("scontrol", "update", f"JobId={self.job}", f"TimeLimit={minutes}", check=True)
 
         def repair() -> bool:  # the limit was this attempt's only
@@ -278,7 +287,9 @@ class Run:
             i = ids.index(fault.launch)
             this = launches[i]
             nxt = launches[i + 1] if i + 1 < len(launches) else None
-            went_on = max(this.steps) > fault.reached + 5 or this.done
+            # the walltime ends its launch later, when the lowered limit comes
+            went_on = bool(this.done) if fault.kind == "walltime" else \
+                max(this.steps) > fault.reached + 5 or bool(this.done)
             if went_on or nxt is None:
                 fault.cls = "none" if self.jobwrap else "-"
                 continue

@@ -10,7 +10,7 @@ benchmark's ground truth) and each rank its pid and node to ``pid-RANK``.
 
 from __future__ import annotations
 
-STEPS = 480  # enough for every fault to end a launch of its own after the walltime
+STEPS = 600  # enough for every fault to end a launch of its own, the walltime's included
 SAVE_EVERY = 10
 STEP_SLEEP = 0.2
 COLLECTIVE_TIMEOUT = 60  # seconds: what a careful user sets so a stuck peer ends the run

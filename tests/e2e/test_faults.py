@@ -81,8 +81,14 @@ python3 train.py {STEPS} 0.5
         cluster.set_gpu_faults("n2")
         scontrol(cluster, "update", "NodeName=n2", "State=RESUME")
         Runner(cluster.env()).run(["scancel", job_id], timeout=20, check=False)
-    # every watcher of the job has ended (the epilogs stopped them)
-    deadline = time.monotonic() + 15
-    while [p for p in cluster.runtime_processes() if "wrapper.watch" in p.cmdline()]:
-        assert time.monotonic() < deadline, "a watcher outlived its job"
+    # every watcher of the job has ended (the epilogs stopped them; root's epilog.context
+    # of their attempt ends them too). Other tests' jobs may still be ending: not counted.
+    deadline = time.monotonic() + 60
+    while left := [p.cmdline() for p in cluster.runtime_processes()
+                   if "wrapper.watch" in p.cmdline() and job_id in p.cmdline()]:
+        assert time.monotonic() < deadline, ("a watcher outlived its job", left, [
+            (e["event"], e.get("node"), e.get("attempt"))
+            for e in JobState(cluster.state_dir, job_id).events()
+            if e["source"] == "root" and e["event"].split(".")[0] in ("prolog", "epilog",
+                                                                      "watch")])
         time.sleep(0.3)

@@ -5,6 +5,16 @@ import pytest
 from wrapper.restart.classify import Evidence, classify
 from wrapper.restart.policy import PastAttempt, decide
 
+SEGV_THEN_GLOO = (
+    "step 41 t=1.0\n"
+    "srun: error: n3: task 1: Segmentation fault (core dumped)\n"
+    "[rank0]: Traceback (most recent call last):\n"
+    '[rank0]:   File "/home/u/train.py", line 88, in <module>\n'
+    "[rank0]:     loss.backward()\n"
+    "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+    "[127.0.0.1]:20417: Connection reset by peer\n"
+    "srun: error: n2: task 0: Exited with exit code 1\n")
+
 
 @pytest.mark.parametrize(
     ("evidence", "kind"),
@@ -32,6 +42,12 @@ from wrapper.restart.policy import PastAttempt, decide
         (Evidence(exit_code=1, output_tail="NVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has "
                   "fallen off the bus.\n"), "user_error"),
         (Evidence(exit_code=137, output_tail="step 4\n"), "killed"),
+        # the rank that crashed is the cause; its peer's gloo error after it is not
+        (Evidence(exit_code=139, output_tail=SEGV_THEN_GLOO), "user_error"),
+        # NCCL's watchdog aborts a rank after a collective timed out: still the timeout
+        (Evidence(exit_code=134, output_tail="[rank1]:[E ProcessGroupNCCL.cpp:563] Watchdog "
+                  "caught collective operation timeout: WorkNCCL(SeqNum=9)\n"
+                  "srun: error: n2: task 1: Aborted (core dumped)\n"), "collective_timeout"),
         (Evidence(exit_code=1, output_tail="Traceback...\nValueError: bad shape (3, 4)\n"),
          "user_error"),
     ],
@@ -125,3 +141,16 @@ def test_hang_counts_only_from_the_supervisors_channel() -> None:
     assert classify(claimed).kind == "user_error"
     assert classify(Evidence(exit_code=0, exit_signal=9, supervisor_events=("hang",))).kind \
         == "hang"
+
+
+def test_a_crash_names_the_rank_that_crashed_not_its_peer() -> None:
+    verdict = classify(Evidence(exit_code=139, output_tail=SEGV_THEN_GLOO))
+    assert verdict.detail == "a rank crashed: srun: error: n3: task 1: Segmentation fault " \
+        "(core dumped)", verdict
+    again = classify(Evidence(exit_code=139, output_tail=SEGV_THEN_GLOO.replace(
+        "n3: task 1", "n4: task 3")))
+    assert again.signature == verdict.signature  # the same crash on another node
+    torchrun = classify(Evidence(exit_code=1, output_tail=(
+        "torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -11)\n"
+        "Signal 11 (SIGSEGV) received by PID 4242\n")))
+    assert torchrun.kind == "user_error" and "SIGSEGV" in torchrun.detail

@@ -96,5 +96,8 @@ def test_the_ended_attempt_is_the_one_root_started_here(tmp_path: Path) -> None:
     assert ended_attempt(later, store).attempt == 0
     store.record(ev.PrologContext(node="n1", hook="prolog", attempt=1))
     assert ended_attempt(later, store) == later
+    # slurmd's stale credential: attempt 1 ran here, the epilog's environment says 0 (or
+    # nothing, which reads 0); the decision must be about attempt 1, not a requeue seen
+    assert ended_attempt(ctx, store).attempt == 1
     empty = JobStore(type(state)(tmp_path / "other", JOB))
     assert ended_attempt(later, empty) == later  # no prolog record here: Slurm's count

@@ -127,8 +127,12 @@ def classify(ev: Evidence) -> Classification:
             detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
         return Classification(KILLED, detail, "killed")
     last = ""
+    # A rank's own crash is the cause; its peers' gloo/NCCL errors that follow are not.
+    crash = _last_match(_CRASH, ev.output_tail)
     for kind, pattern in SIGNATURES:
         match = _last_match(pattern, ev.output_tail)
+        if match and crash and kind == COLLECTIVE_TIMEOUT:
+            continue
         if match:
             line = _line_of(ev.output_tail, match)
             if kind == HARDWARE:  # the job's own words: not hardware unless root confirms
@@ -136,6 +140,12 @@ def classify(ev: Evidence) -> Classification:
                 last = line
                 continue
             return Classification(kind, f"output says: {line}", f"{kind}:{_normalise(line)}")
+    if crash:
+        line = _line_of(ev.output_tail, crash)
+        detail = f"a rank crashed: {line}"
+        if unconfirmed:
+            detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
+        return Classification(USER_ERROR, detail, f"crash:{_normalise(line)}")
     traceback = last_traceback(ev.output_tail)
     if traceback is not None:
         exc_type, frame, line = traceback
@@ -154,6 +164,15 @@ def classify(ev: Evidence) -> Classification:
                           f"exit:{code}:{ev.exit_signal or 0}:{_normalise(last)}")
 
 
+# A process of the job that crashed on its own (SIGSEGV, SIGBUS, SIGFPE, SIGILL): srun's
+# line for the task, torchrun's, CPython's faulthandler. SIGABRT is left out: NCCL's
+# watchdog aborts a rank *after* a collective timed out, a consequence, not a cause.
+_CRASH = re.compile(
+    r"^srun: error: \S+: tasks? [\d,-]+: (?:Segmentation fault|Bus error|"
+    r"Floating point exception|Illegal instruction)\b.*$"
+    r"|^.*\bSignal (?:11|7|8|4) \(SIG(?:SEGV|BUS|FPE|ILL)\) received by PID \d+.*$"
+    r"|^Fatal Python error: (?:Segmentation fault|Bus error|Floating point exception|"
+    r"Illegal instruction).*$", re.M)
 # srun's word for a task that died of SIGKILL, and a shell's for a command that did.
 _KILLED_LINE = re.compile(r"^(?:srun: error: \S+: tasks? [\d,-]+: Killed|.*\bKilled\s+.*)$"
                           r"|^Killed$", re.M)

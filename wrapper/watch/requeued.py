@@ -7,9 +7,14 @@ node failure. Each time Slurm's ``Restarts`` moves past the attempt that just en
 the first node's epilog decides anything, and a second requeue by jobwrap would then
 either fail (the job is already pending) or, once the requeued attempt runs, kill it.
 
-Slurm counts such a requeue at once: the epilog's ``SLURM_RESTART_COUNT`` is already the
-*next* attempt's number. ``ended_attempt`` puts back the number of the attempt that ran
-here, from root's own record of this node's prolog.
+Slurm counts such a requeue at once: the epilog's ``SLURM_JOB_RESTART_COUNT`` is already the
+*next* attempt's number. It can also lag: slurmd builds the epilog's environment from the
+job credential it is handed, and a node that ran the attempt before on the same node (or
+an epilog run without a credential) sees the previous count, or none ("0"), seen in CI
+on 22.05 as attempt 1's epilog saying attempt 0. ``ended_attempt`` therefore takes the
+number of the attempt that ran here from root's own record of this node's last prolog
+(Slurm starts no later attempt on a node before the earlier one's epilog there ends);
+Slurm's count only where this node has no prolog record.
 
 Then the first node's epilog reads Slurm's own ``Restarts`` (a field no user can write) and,
 when it is past this attempt, records a ``requeue.external`` root event and does not
@@ -33,11 +38,15 @@ if TYPE_CHECKING:
 
 
 def ended_attempt(ctx: JobContext, store: JobStore) -> JobContext:
-    """``ctx`` with the number of the attempt that ran on this node (root's last prolog
-    record here) when Slurm's count in the epilog's environment is already past it."""
+    """``ctx`` with the number of the attempt that ran on this node: root's last prolog
+    record here, whatever the count in the epilog's environment (ahead after a requeue
+    made while the job ran, behind or missing where slurmd had a stale credential)."""
     ran = [e.attempt for e in store.root_events()
            if isinstance(e, ev.PrologContext) and e.node == ctx.node]
-    if ran and ran[-1] < ctx.attempt:
+    if ran and ran[-1] != ctx.attempt:
+        from wrapper import log
+
+        log.get().info("epilog.attempt_from_prolog", slurm_count=ctx.attempt, ran=ran[-1])
         return replace(ctx, attempt=ran[-1])
     return ctx
 
