@@ -97,6 +97,35 @@ def test_from_real_events_through_the_status_summaries() -> None:
     assert account(from_summaries(dicts), now=999).ettr == pytest.approx(0.70)
 
 
+def test_the_checkpoint_root_resumed_from_counts_when_the_supervisor_never_said_it() -> None:
+    """The supervisor was killed after step 10's checkpoint; the job went on to save step 20
+    at ts 120. Root's resume.chosen (its own lookup, at the next prolog) names step 20 and
+    its mtime: the work up to it is kept, not lost. A user's resume.chosen counts for
+    nothing, nor does a checkpoint time outside the attempt."""
+    root = {"source": "root", "node": "n1"}
+    events = [
+        {"ts": 100, "event": "prolog.context", "attempt": 0, "context": {}, **root},
+        {"ts": 110, "event": "checkpoint", "attempt": 0, "step": 10, "path": "/c/10",
+         "source": "user"},
+        {"ts": 125, "event": "attempt.end", "attempt": 0, "kind": "killed",
+         "decision": "requeue", **root},
+        {"ts": 140, "event": "prolog.context", "attempt": 1, "context": {}, **root},
+        {"ts": 141, "event": "resume.chosen", "attempt": 1, "path": "/c/20", "step": 20,
+         "mtime": 120.0, **root},
+        {"ts": 200, "event": "attempt.end", "attempt": 1, "kind": "success",
+         "decision": "done", **root},
+    ]
+    first = summarize(events)[0]
+    assert first.latest_step == 20 and first.checkpoint_list[-1]["ts"] == 120.0
+    ledger = account(from_summaries(summarize(events)), now=999)
+    assert ledger.attempts[0].productive_s == 20 and ledger.attempts[0].lost_s == 5
+    forged = [{**e, "source": "user"} if e["event"] == "resume.chosen" else e
+              for e in events]
+    assert account(from_summaries(summarize(forged)), now=999).attempts[0].lost_s == 15
+    outside = [{**e, "mtime": 130.0} if e["event"] == "resume.chosen" else e for e in events]
+    assert summarize(outside)[0].latest_step == 10
+
+
 def test_garbage_in_a_summary_is_skipped_not_fatal() -> None:
     attempts = from_summaries([{"attempt": "x"}, {"attempt": 0, "started_at": "nan"},
                                {"attempt": 1, "started_at": 5, "status": "ended",

@@ -78,6 +78,7 @@ def summarize(events: Iterable[dict[str, Any]]) -> list[AttemptSummary]:
     """One summary per attempt seen in ``events`` (any order; sorted by time here)."""
     attempts: dict[int, AttemptSummary] = {}
     prolog_starts: dict[int, float] = {}
+    resumed: dict[int, dict[str, Any]] = {}  # root's resume.chosen, by the attempt it starts
     for event in sorted(events, key=event_order):
         number = _attempt_of(event)
         if number is None:
@@ -85,9 +86,11 @@ def summarize(events: Iterable[dict[str, Any]]) -> list[AttemptSummary]:
         summary = attempts.setdefault(number, AttemptSummary(number))
         _apply(summary, event)
         ts = _finite(event.get("ts"))
-        if event.get("event") == ev.PrologContext.KIND and event.get("source", "root") == "root" \
-                and ts is not None:
+        by_root = event.get("source", "root") == "root"
+        if event.get("event") == ev.PrologContext.KIND and by_root and ts is not None:
             prolog_starts[number] = min(ts, prolog_starts.get(number, ts))
+        if event.get("event") == ev.ResumeChosen.KIND and by_root:
+            resumed[number] = event
     for number, started in prolog_starts.items():
         attempts[number].started_at = started  # root's record, never a user's earlier claim
     ordered = [attempts[n] for n in sorted(attempts)]
@@ -95,7 +98,27 @@ def summarize(events: Iterable[dict[str, Any]]) -> list[AttemptSummary]:
         if summary.status != ENDED:
             summary.status = ENDED  # a later attempt exists: this one is over
             summary.ended_at = summary.ended_at or later.started_at
+        if later.attempt in resumed:
+            _add_resumed_from(summary, resumed[later.attempt])
     return ordered
+
+
+def _add_resumed_from(summary: AttemptSummary, chosen: dict[str, Any]) -> None:
+    """The checkpoint root found for the next attempt, written during this one, joins this
+    attempt's checkpoints when the supervisor's events do not have it (the supervisor was
+    killed, or the job wrote it after its last look): the ledger's kept work then ends at
+    it, not at the last checkpoint a user-side process happened to report."""
+    mtime, path, step = _finite(chosen.get("mtime")), _str(chosen.get("path")), \
+        _int(chosen.get("step"))
+    start = summary.started_at
+    if mtime is None or not path or start is None or mtime < start or (
+            summary.ended_at is not None and mtime > summary.ended_at):
+        return
+    seen = [c for c in summary.checkpoint_list if isinstance(c.get("ts"), (int, float))]
+    if any(c.get("path") == path for c in seen) or any(c["ts"] >= mtime for c in seen):
+        return
+    summary.checkpoint_list.append({"path": path, "step": step, "ts": mtime, "by": "root"})
+    summary.latest_checkpoint, summary.latest_step = path, step
 
 
 def event_order(event: dict[str, Any]) -> float:
