@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -171,22 +172,26 @@ def test_a_reported_gpu_fault_is_hardware_only_once_root_confirms(tmp_path: Path
         assert ("gpu.confirmed" if confirmed else "gpu.not_confirmed") in kinds
 
 
-@pytest.mark.parametrize("lost", [True, False], ids=["node_lost", "nodes_fine"])
+@pytest.mark.parametrize("n2", ["down", "back", "fine"])
 def test_a_job_slurm_requeued_itself_is_released_never_requeued_twice(
-        tmp_path: Path, lost: bool) -> None:
+        tmp_path: Path, n2: str) -> None:
     """n2's slurmd died: Slurm marked it down, ended the job and requeued it itself, so
     the surviving first node's epilog sees exit 0 and a PENDING job. That attempt is a
-    node failure excluding n2 (not a success), and only the release is left to do."""
+    node failure excluding n2 (not a success), and only the release is left to do; also
+    when n2 is already back (rebooted: its slurmd started after the attempt began)."""
+    lost = n2 != "fine"
     ctx, cfg, state, record, _, _ = setup(tmp_path, "success", "first", True)
+    began = min(e.ts for e in JobStore(state).root_events() if isinstance(e, ev.PrologContext))
+    slurmd_start = datetime.fromtimestamp(began + (60 if n2 == "back" else -3600))
+    n2_record = {"State": "DOWN*", "Reason": "Not responding [slurm@2026-12-03T12:00:00]"} \
+        if n2 == "down" else {"State": "IDLE", "Reason": "",
+                              "SlurmdStartTime": slurmd_start.isoformat(timespec="seconds")}
     ctx = JobContext(hook="epilog", job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(),
                      node="n1", nodes=["n1", "n2"], gpus=[0], attempt=0, exit_code=0,
                      exit_signal=0)
     slurm = FakeSlurm(jobs={JOB: {"JobId": JOB, "JobState": "PENDING", "Restarts": "1",
                                   "Requeue": "1", "ExitCode": "0:0"}},
-                      nodes={"n1": {"State": "MIXED"},
-                             "n2": {"State": "DOWN*" if lost else "IDLE",
-                                    "Reason": "Not responding [slurm@2026-12-03T12:00:00]"
-                                    if lost else ""}})
+                      nodes={"n1": {"State": "MIXED"}, "n2": n2_record})
     spawned: list[Sequence[str]] = []
     decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
                                  gpu_checked=True,
@@ -196,7 +201,8 @@ def test_a_job_slurm_requeued_itself_is_released_never_requeued_twice(
     assert slurm.did("requeue") == []  # Slurm did it; a second requeue would be refused
     if lost:
         assert (end.kind, decision.action) == ("node_failure", "requeue"), end.detail
-        assert "n2: DOWN* (Not responding)" in end.detail
+        assert ("n2: DOWN* (Not responding)" if n2 == "down" else
+                "n2: IDLE, back: its slurmd started again at") in end.detail, end.detail
     # recorded as a requeue jobwrap did not ask for, then only released
     [external] = [e for e in JobStore(state).root_events()
                   if isinstance(e, ev.RequeuedWithoutJobwrap)]

@@ -41,6 +41,24 @@ def test_a_failure_loses_the_work_after_its_last_checkpoint_and_a_restart_gap() 
     assert ledger.gaps_by_class == {"node_failure": [25]}
 
 
+def test_start_up_and_the_resumed_checkpoint_are_not_work() -> None:
+    # 1 step/s. Attempt 0 starts at 100 and imports for 10 s: step 10 at 120, step 20 at
+    # 130; it is killed at 135. Attempt 1 starts at 140; its supervisor reports step 20
+    # (the checkpoint it resumed from) at 141, before any work; it loads for 9 s, so its
+    # step 30 comes at 160.
+    ledger = account([
+        Attempt(0, 100.0, 135.0, "killed", (Checkpoint(120, 10), Checkpoint(130, 20))),
+        Attempt(1, 140.0, 180.0, "success",
+                (Checkpoint(141, 20), Checkpoint(160, 30), Checkpoint(170, 40)),
+                resumed_step=20),
+    ], now=999)
+    first, second = ledger.attempts
+    assert first.startup_s == 10 and first.productive_s == 20 and first.lost_s == 5
+    assert second.first_progress == 150 and second.gap_before_s == 15
+    assert second.checkpoints == 2
+    assert ledger.ettr == pytest.approx(50 / 80)
+
+
 def test_a_failure_before_any_checkpoint_loses_the_whole_attempt() -> None:
     ledger = account([Attempt(0, 0.0, 50.0, "user_error"),
                       Attempt(1, 60.0, 100.0, "success")], now=999)

@@ -21,7 +21,9 @@ from wrapper.slurm.records import (
     SlurmJob,
     from_json_job,
     from_json_node,
+    node_lost,
     parse_job_text,
+    slurm_timestamp,
 )
 
 MIDDLE = [("UserId", "jwtest(1001)"), ("GroupId", "jwtest(1001)"), ("MCS_label", "N/A"),
@@ -142,7 +144,8 @@ def test_json_node() -> None:
     got = from_json_node({"nodes": [{"name": "n1", "state": ["IDLE", "DRAIN"], "gres": "gpu:4",
                                      "reason": "jobwrap: ecc"}]})
     assert got == {"NodeName": "n1", "State": "IDLE+DRAIN", "Gres": "gpu:4",
-                   "Reason": "jobwrap: ecc", "Partitions": ""}
+                   "Reason": "jobwrap: ecc", "Partitions": "", "SlurmdStartTime": "Unknown",
+                   "BootTime": "Unknown"}
 
 
 # -- host lists -----------------------------------------------------------------------------
@@ -211,5 +214,31 @@ def test_json_of_real_slurm_25_11_array_picks_the_task_asked_for() -> None:
 
 def test_json_of_real_slurm_25_11_node() -> None:
     got = from_json_node(json.loads((SLURM25 / "node.json").read_text()))
+    from datetime import datetime
+
     assert got == {"NodeName": "n1", "State": "MIXED+COMPLETING", "Gres": "gpu:4",
-                   "Reason": "", "Partitions": "debug"}
+                   "Reason": "", "Partitions": "debug",
+                   "SlurmdStartTime": datetime.fromtimestamp(1796300725).isoformat(),
+                   "BootTime": datetime.fromtimestamp(1796288881).isoformat()}
+
+
+def test_a_node_that_came_back_during_the_attempt_was_lost() -> None:
+    """slurmd (or the node) started again after the attempt began: lost and back, though
+    its state is IDLE again; Slurm's times are local, ``Unknown`` is no time."""
+    from datetime import datetime
+
+    began = datetime(2026, 12, 3, 15, 0, 0).timestamp()
+    back = {"State": "IDLE", "SlurmdStartTime": "2026-12-03T15:01:00", "BootTime": "Unknown"}
+    before = {"State": "IDLE", "SlurmdStartTime": "2026-12-03T14:00:00",
+              "BootTime": "2026-11-30T08:00:00"}
+    assert node_lost(back, began) and not node_lost(back)
+    assert not node_lost(before, began)
+    assert node_lost({"State": "IDLE", "BootTime": "2026-12-03T15:00:05"}, began)
+    assert not node_lost({"State": "IDLE", "SlurmdStartTime": "soon"}, began)
+    assert slurm_timestamp("2026-12-03T15:01:00") == began + 60
+    assert slurm_timestamp("Unknown") is None and slurm_timestamp("") is None
+    fields = from_json_node({"nodes": [{"name": "n2", "state": ["IDLE"],
+                                        "slurmd_start_time": {"set": True, "number": 60},
+                                        "boot_time": 0}]})
+    assert fields["SlurmdStartTime"] == datetime.fromtimestamp(60).isoformat()
+    assert fields["BootTime"] == "Unknown"

@@ -107,7 +107,8 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
     ledger = Ledger()
     if not ordered:
         return ledger
-    rate = _step_rate(ordered)
+    own = {id(a): _own_checkpoints(a) for a in ordered}
+    rate = _step_rate([own[id(a)] for a in ordered])
     previous_end: float | None = None
     previous_kind = ""
     for index, attempt in enumerate(ordered):
@@ -117,7 +118,7 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
         end = attempt.ended_at if attempt.ended_at is not None else (now if last else start)
         end = max(end, start)
         points = sorted((Checkpoint(min(max(c.ts, start), end), c.step, c.save_s, c.path)
-                         for c in attempt.checkpoints), key=lambda c: c.ts)
+                         for c in own[id(attempt)]), key=lambda c: c.ts)
         progress = _clamp(_first_progress(attempt, points, rate), start, end)
         kind = attempt.kind or (RUNNING_CLASS if attempt.ended_at is None and last
                                 else "unknown")
@@ -183,27 +184,42 @@ def from_summaries(summaries: Iterable[AttemptSummary | dict[str, Any]]) -> list
     return out
 
 
+def _from_step(attempt: Attempt) -> int | None:
+    """The step the attempt started from: 0 for the first, the resumed one after."""
+    return 0 if attempt.number == 0 else attempt.resumed_step
+
+
+def _own_checkpoints(attempt: Attempt) -> tuple[Checkpoint, ...]:
+    """The checkpoints the attempt wrote: not the one it resumed from, which its
+    supervisor reports again when it first looks (seconds after the start, no work yet)."""
+    since = _from_step(attempt)
+    if since is None or attempt.number == 0:
+        return attempt.checkpoints
+    return tuple(c for c in attempt.checkpoints if c.step is None or c.step > since)
+
+
 def _first_progress(attempt: Attempt, points: list[Checkpoint], rate: float | None) -> float:
+    """When the attempt was at work: measured, or back-reckoned from its first checkpoint
+    at the job's step rate (its start-up, the imports and the checkpoint load, excluded)."""
     if attempt.first_progress is not None:
         return attempt.first_progress
     if not points:
         return attempt.started_at
-    first = points[0]
-    if attempt.number == 0 or attempt.resumed_step is None:
-        # A fresh start: it works from its start (the time before its first checkpoint
-        # is productive; only what follows the last checkpoint of a failure is lost).
-        return attempt.started_at if attempt.number == 0 else first.ts
-    if rate is None or first.step is None or first.step < attempt.resumed_step:
+    first, since = points[0], _from_step(attempt)
+    if since is None:
         return first.ts
-    return first.ts - (first.step - attempt.resumed_step) / rate
+    if rate is None or first.step is None or first.step < since:
+        # A fresh start works from its start (only what follows the last checkpoint of a
+        # failure is lost); a resumed one from its first checkpoint, at the latest.
+        return attempt.started_at if attempt.number == 0 else first.ts
+    return first.ts - (first.step - since) / rate
 
 
-def _step_rate(attempts: Sequence[Attempt]) -> float | None:
+def _step_rate(own: Sequence[Sequence[Checkpoint]]) -> float | None:
     """Steps per second, the median over the job's consecutive checkpoints in an attempt."""
     rates = []
-    for attempt in attempts:
-        points = sorted((c for c in attempt.checkpoints if c.step is not None),
-                        key=lambda c: c.ts)
+    for checkpoints in own:
+        points = sorted((c for c in checkpoints if c.step is not None), key=lambda c: c.ts)
         for a, b in itertools.pairwise(points):
             if b.ts > a.ts and a.step is not None and b.step is not None and b.step > a.step:
                 rates.append((b.step - a.step) / (b.ts - a.ts))

@@ -88,17 +88,24 @@ class PyslurmBackend(CliBackend):
                 "Reason": _text(record.reason),
                 "Gres": ",".join(f"{k}:{v}" for k, v in gres.items())
                 if isinstance(gres, dict) else _text(gres),
-                "Partitions": ",".join(record.partitions or [])}
+                "Partitions": ",".join(record.partitions or []),
+                "SlurmdStartTime": _when(getattr(record, "slurmd_start_time", None)),
+                "BootTime": _when(getattr(record, "boot_time", None))}
+
+
+def _when(value: Any) -> str:
+    """A pyslurm time (seconds since the epoch, or None) as scontrol prints it."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromtimestamp(int(value)).isoformat(timespec="seconds") \
+            if value else "Unknown"
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "Unknown"
 
 
 def job_fields(job: Any) -> dict[str, str]:
     """A pyslurm Job as the fields ``scontrol show job`` prints (records.from_json_job)."""
-    from datetime import datetime
-
-    def when(value: Any) -> str:
-        return datetime.fromtimestamp(int(value)).isoformat(timespec="seconds") \
-            if value else "Unknown"
-
     limit = job.time_limit
     out = {
         "JobId": str(job.id), "JobName": _text(job.name),
@@ -108,8 +115,8 @@ def job_fields(job: Any) -> dict[str, str]:
         "Restarts": _text(job.requeue_count, "0"),
         "ExitCode": f"{job.exit_code or 0}:{job.exit_code_signal or 0}",
         "TimeLimit": limit_text(None if limit is None else int(limit)),
-        "StartTime": when(job.start_time), "EndTime": when(job.end_time),
-        "SubmitTime": when(job.submit_time),
+        "StartTime": _when(job.start_time), "EndTime": _when(job.end_time),
+        "SubmitTime": _when(job.submit_time),
         "Partition": _text(job.partition), "NodeList": _text(job.allocated_nodes),
         "BatchHost": _text(job.batch_host), "ExcNodeList": _text(job.excluded_nodes, "(null)"),
         "Account": _text(job.account, "(null)"), "Command": _text(job.command),

@@ -275,7 +275,9 @@ def from_json_node(data: Mapping[str, Any]) -> dict[str, str]:
                not in states]
     return {"NodeName": _text(node.get("name")), "State": "+".join(states),
             "Gres": _text(node.get("gres")), "Reason": _text(node.get("reason")),
-            "Partitions": ",".join(str(p) for p in node.get("partitions") or [])}
+            "Partitions": ",".join(str(p) for p in node.get("partitions") or []),
+            "SlurmdStartTime": _time(node.get("slurmd_start_time")),
+            "BootTime": _time(node.get("boot_time"))}
 
 
 # -- the typed view ---------------------------------------------------------------------------
@@ -286,10 +288,27 @@ REASON_STATE = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "NodeFail": "NO
 BATCH_STEP_IDS = ("batch", "4294967294")
 
 
-def node_lost(fields: Mapping[str, str]) -> bool:
-    """The node record says Slurm lost the node: DOWN, or not responding (``*``)."""
+def node_lost(fields: Mapping[str, str], since: float | None = None) -> bool:
+    """The node record says Slurm lost the node: DOWN, or not responding (``*``), or, with
+    ``since`` (an attempt's start, seconds since the epoch), its slurmd or the node itself
+    started again after it: lost and already back (a crashed node that rebooted)."""
     state = fields.get("State", "").upper()
-    return "DOWN" in state or "NOT_RESPONDING" in state or state.endswith("*")
+    if "DOWN" in state or "NOT_RESPONDING" in state or state.endswith("*"):
+        return True
+    if since is None:
+        return False
+    return any(stamp is not None and stamp > since
+               for stamp in (slurm_timestamp(fields.get("SlurmdStartTime", "")),
+                             slurm_timestamp(fields.get("BootTime", ""))))
+
+
+def slurm_timestamp(text: str) -> float | None:
+    """Seconds since the epoch of a time Slurm prints (``2026-12-03T15:04:50``, local
+    time); None for ``Unknown``, ``None`` or anything else."""
+    try:
+        return datetime.fromisoformat(text).timestamp() if text[:1].isdigit() else None
+    except ValueError:
+        return None
 
 
 def is_batch_step(step_id: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from wrapper.job.events import PrologContext
 from wrapper.restart.classify import HARDWARE, NODE_FAILURE, SUCCESS, Classification
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
@@ -19,7 +20,11 @@ def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobC
     A watcher ends the job with a signal, which the epilog's environment does not show
     (exit 0): Slurm's ``ExitCode`` (``0:15``) does. A job that really succeeded keeps its
     success even when another node is drained after it (its post-job check)."""
-    lost = lost_nodes(backend, ctx, slurm_job)
+    root_events = list(root_events)
+    started = [float(e["ts"]) for e in root_events
+               if e.get("event") == PrologContext.KIND and e.get("attempt") == ctx.attempt
+               and isinstance(e.get("ts"), (int, float))]
+    lost = lost_nodes(backend, ctx, slurm_job, since=min(started, default=None))
     if lost and verdict.kind not in (HARDWARE, NODE_FAILURE):
         where = "; ".join(f"{node}: {why}" for node, why in sorted(lost.items()))
         return Classification(NODE_FAILURE, f"Slurm lost a node of the job ({where})",
@@ -40,12 +45,14 @@ def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobC
                           ), remote
 
 
-def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, str],
-               ) -> dict[str, str]:
+def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, str], *,
+               since: float | None = None) -> dict[str, str]:
     """``{node: Slurm's state and reason}`` for the job's other nodes Slurm lost, asked only
     when Slurm already ended the attempt by itself: a node failure (NODE_FAIL, or the job
     already requeued by Slurm while this surviving node's epilog runs, which otherwise
-    looks like an exit 0)."""
+    looks like an exit 0). ``since``: the attempt's start (root's prolog record); a node
+    whose slurmd started after it was lost and is back already (it rebooted, or its
+    slurmd was restarted) before this epilog asked."""
     from wrapper.slurm.records import SlurmJob, node_lost
     from wrapper.watch.requeued import requeued_without_jobwrap
 
@@ -60,4 +67,7 @@ def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, s
         if node_lost(info):
             reason = info.get("Reason", "").split(" [", 1)[0]
             found[node] = f"{info.get('State', '')}" + (f" ({reason})" if reason else "")
+        elif node_lost(info, since):
+            found[node] = (f"{info.get('State', '')}, back: its slurmd started again at "
+                           f"{info.get('SlurmdStartTime', '?')}, during the attempt")
     return found
