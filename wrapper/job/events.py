@@ -208,6 +208,16 @@ class SupervisorStarted(Event):
     how: str = ""
 
 
+@kind("supervisor.restarted", writer="root")
+@dataclass(frozen=True)
+class SupervisorRestarted(Event):
+    """The first node's watcher started the attempt's supervisor again: it had died
+    without ending (``wrapper.watch.keeper``); ``restarts``: how many times this attempt."""
+
+    how: str = ""
+    restarts: int = 0
+
+
 @kind("staging.in", writer="root")
 @dataclass(frozen=True)
 class StagingIn(_Staged):

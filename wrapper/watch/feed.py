@@ -30,6 +30,7 @@ class Watcher:
                  superseded: Callable[[], bool],
                  on_fault: Callable[[list[Fault]], None],
                  forensics: Callable[[], object] | None = None,
+                 keep: Callable[[], object] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.job_id, self.node, self.attempt = job_id, node, attempt
         self.interval, self.slurm_interval = interval, slurm_interval
@@ -37,6 +38,7 @@ class Watcher:
         self.read_faults, self.job_state, self.superseded = read_faults, job_state, superseded
         self.on_fault = on_fault
         self.forensics = forensics  # each tick: takes the hang forensics once when asked
+        self.keep = keep  # each tick: the supervisor kept alive (the first node's watcher)
         self.clock = clock
         self.finished = ""  # why it stopped; empty while it watches
         self.acted = False
@@ -48,6 +50,8 @@ class Watcher:
         now = self.clock()
         if self.forensics is not None:
             self.forensics()
+        if self.keep is not None and not self.acted:
+            self.keep()
         if now >= self._next_gpu and not self.acted:
             self._next_gpu = now + self.interval
             faults = self.read_faults()

@@ -174,12 +174,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                             for r in found["ranks"]],
                      problems=found["problems"], seconds=found["seconds"])
 
+    from wrapper.watch.keeper import SupervisorKeeper
+
+    def restart_supervisor() -> str:
+        from wrapper.supervisor.launch import start as start_supervisor
+
+        return start_supervisor(args.job_id, cfg)
+
+    keep = SupervisorKeeper(state, job_id=args.job_id, node=args.node, attempt=args.attempt,
+                            restart=restart_supervisor) \
+        if cfg.supervisor.enabled and args.uid > 0 else None
+
     watcher = Watcher(job_id=args.job_id, node=args.node, attempt=args.attempt,
                       interval=sup.gpu_interval, slurm_interval=sup.slurm_interval,
                       slurm_unreachable=sup.slurm_unreachable,
                       read_faults=read_gpu_faults,
                       job_state=job_state, superseded=superseded, on_fault=on_fault,
-                      forensics=forensics,
+                      forensics=forensics, keep=keep,
                       clock=time.monotonic)
     watcher.run(sleep=done.wait, stopped=done.is_set)
     return 0

@@ -1,0 +1,55 @@
+"""The job's user kills the attempt's supervisor (it runs with their rights), again and
+again: root's watcher on the first node starts it again, at most three times in the
+attempt, and the job goes on to its end; nothing drains, nothing of root's is signalled.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from wrapper.sandbox.cluster import Cluster
+from wrapper.slurm.parse import expand_hostlist
+from wrapper.state import JobState
+
+JOB = """#!/bin/bash
+#SBATCH --output={work}/unsupervised-%j.out
+for i in $(seq 1 60); do echo "step $i"; sleep 1; done
+"""
+
+
+def supervisor_pids(cluster: Cluster, job_id: str) -> list[int]:
+    return [p.pid for p in cluster.runtime_processes()
+            if "supervise" in p.cmdline() and job_id in p.cmdline()]
+
+
+def test_the_user_kills_the_supervisor_root_starts_it_again(cluster: Cluster) -> None:
+    job_id = cluster.submit(JOB.format(work=cluster.work), name="unsupervised.sh")
+    state = JobState(cluster.state_dir, job_id)
+    killed: list[int] = []
+    try:
+        cluster.wait_job(job_id, states={"RUNNING"}, timeout=60)
+        deadline = time.monotonic() + 100
+        while len(killed) < 4 and time.monotonic() < deadline:
+            pids = [p for p in supervisor_pids(cluster, job_id) if p not in killed]
+            if pids:
+                # as the job's user: the supervisor runs with their rights
+                done = subprocess.run(["runuser", "-u", cluster.spec.user, "--", "kill", "-9",
+                                       str(pids[0])], check=False, capture_output=True)
+                assert done.returncode == 0, done.stderr
+                killed.append(pids[0])
+            time.sleep(0.5)
+        first = expand_hostlist(cluster.job(job_id)["NodeList"])[0]
+        restarts = [(e["restarts"], e["node"]) for e in state.events()
+                    if e["event"] == "supervisor.restarted" and e["source"] == "root"]
+        assert restarts == [(1, first), (2, first), (3, first)], restarts
+        assert len(killed) == 4, killed  # the first and the three restarted ones
+        time.sleep(5)  # the limit is reached: no fourth restart
+        assert supervisor_pids(cluster, job_id) == []
+        info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "CANCELLED"},
+                                timeout=120)
+        assert info["JobState"] == "COMPLETED", info
+        assert "DRAIN" not in "".join(cluster.node_states().values()).upper()
+    finally:
+        subprocess.run(["scancel", job_id], env=cluster.env(), check=False,
+                       capture_output=True)
