@@ -5,8 +5,12 @@ attempt, and the job goes on to its end; nothing drains, nothing of root's is si
 
 from __future__ import annotations
 
+import contextlib
+import pwd
 import subprocess
 import time
+
+import psutil
 
 from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.parse import expand_hostlist
@@ -18,9 +22,17 @@ for i in $(seq 1 60); do echo "step $i"; sleep 1; done
 """
 
 
-def supervisor_pids(cluster: Cluster, job_id: str) -> list[int]:
-    return [p.pid for p in cluster.runtime_processes()
-            if "supervise" in p.cmdline() and job_id in p.cmdline()]
+def supervisor_pids(cluster: Cluster, job_id: str, *, dropped: bool = False) -> list[int]:
+    """The job's supervisors; ``dropped``: only those already running as the job's user
+    (a starting one is root's until it drops its rights: the user cannot signal it)."""
+    uid = pwd.getpwnam(cluster.spec.user).pw_uid
+    found = []
+    for proc in cluster.runtime_processes():
+        with contextlib.suppress(psutil.Error):
+            if "supervise" in proc.cmdline() and job_id in proc.cmdline() and (
+                    not dropped or set(proc.uids()) == {uid}):
+                found.append(proc.pid)
+    return found
 
 
 def test_the_user_kills_the_supervisor_root_starts_it_again(cluster: Cluster) -> None:
@@ -31,7 +43,8 @@ def test_the_user_kills_the_supervisor_root_starts_it_again(cluster: Cluster) ->
         cluster.wait_job(job_id, states={"RUNNING"}, timeout=60)
         deadline = time.monotonic() + 100
         while len(killed) < 4 and time.monotonic() < deadline:
-            pids = [p for p in supervisor_pids(cluster, job_id) if p not in killed]
+            pids = [p for p in supervisor_pids(cluster, job_id, dropped=True)
+                    if p not in killed]
             if pids:
                 # as the job's user: the supervisor runs with their rights
                 done = subprocess.run(["runuser", "-u", cluster.spec.user, "--", "kill", "-9",
