@@ -15,7 +15,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import secrets
 import stat
 import struct
 import time
@@ -97,7 +96,7 @@ def atomic_write(path: StrPath, data: bytes, *, mode: int = 0o600, uid: int = -1
     either the old file or the new one, and at worst a stray ``.*.tmp``.
     """
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, _NEW, 0o600)
     try:
         if uid != -1 or gid != -1:

@@ -41,7 +41,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import stat
 import threading
 import time
@@ -570,7 +569,7 @@ class Cache:
         """Move a half-filled entry (a crash, a failed fill) to the trash; we hold its lock."""
         entries_fd = self._dir("entries")
         try:
-            os.rename(key, f"{key}.{secrets.token_hex(4)}", src_dir_fd=entries_fd,
+            os.rename(key, f"{key}.{os.urandom(4).hex()}", src_dir_fd=entries_fd,
                       dst_dir_fd=self._dir("trash"))
         except FileNotFoundError:
             return
@@ -617,7 +616,7 @@ def _check_key(key: str) -> None:
 
 
 def _write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600) -> None:
-    temp = f".{name}.{secrets.token_hex(4)}"
+    temp = f".{name}.{os.urandom(4).hex()}"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  mode, dir_fd=dir_fd)
     try:

@@ -19,7 +19,6 @@ import contextlib
 import errno
 import hashlib
 import os
-import secrets
 import stat
 import threading
 import time
@@ -155,7 +154,7 @@ def write_file(src: int, entry: Entry, dir_fd: int, name: str, *, label: str, mo
     file the entry was scanned from, so its ctime must not have moved either (a user can
     set an mtime back, never a ctime); false when copying from the cache's own copy.
     """
-    target = f".{name[:200]}.jobwrap-{secrets.token_hex(4)}" if replace else name
+    target = f".{name[:200]}.jobwrap-{os.urandom(4).hex()}" if replace else name
     try:
         # Made with its final mode (an owner to give it to comes first: 0600 till then),
         # so a small file costs no chmod unless the umask took bits away.
@@ -205,7 +204,7 @@ def write_file(src: int, entry: Entry, dir_fd: int, name: str, *, label: str, mo
 
 def make_symlink(entry: Entry, dir_fd: int, name: str, *, label: str,
                  owner: tuple[int, int] | None = None, replace: bool = False) -> None:
-    target = f".{name[:200]}.jobwrap-{secrets.token_hex(4)}" if replace else name
+    target = f".{name[:200]}.jobwrap-{os.urandom(4).hex()}" if replace else name
     try:
         os.symlink(entry.target, target, dir_fd=dir_fd)
     except FileExistsError:

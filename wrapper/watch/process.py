@@ -8,7 +8,6 @@ the process is still the same watcher (start time and command line), never by na
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import threading
@@ -93,6 +92,8 @@ def read_faults(cfg: Config, node: str, gpus: Sequence[int]) -> list[Fault]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
     parser = argparse.ArgumentParser(prog="python -m wrapper.watch")
     parser.add_argument("job_id")
     parser.add_argument("--node", required=True)
