@@ -96,8 +96,21 @@ def test_the_ended_attempt_is_the_one_root_started_here(tmp_path: Path) -> None:
     assert ended_attempt(later, store).attempt == 0
     store.record(ev.PrologContext(node="n1", hook="prolog", attempt=1))
     assert ended_attempt(later, store) == later
-    # slurmd's stale credential: attempt 1 ran here, the epilog's environment says 0 (or
-    # nothing, which reads 0); the decision must be about attempt 1, not a requeue seen
-    assert ended_attempt(ctx, store).attempt == 1
     empty = JobStore(type(state)(tmp_path / "other", JOB))
     assert ended_attempt(later, empty) == later  # no prolog record here: Slurm's count
+
+
+def test_a_skipped_prolog_is_no_requeue(tmp_path: Path) -> None:
+    """slurmd skipped the Prolog of attempt 1 on n1 (the job back on it within seconds; its
+    credential cache held the job id): root's only prolog record here is attempt 0's, whose
+    epilog here already ran. The epilog is about attempt 1, Slurm's count, and the
+    decision must not take the job's own requeue for one (CI, 22.05)."""
+    ctx, _cfg, state, _record, _slurm, _ = setup(tmp_path, "success", "first", True)
+    store = JobStore(state)
+    store.record(ev.EpilogContext(node="n1", hook="epilog", attempt=0))
+    later = JobContext(**{**ctx.__dict__, "attempt": 1})
+    assert ended_attempt(later, store) == later
+    # a late end message of attempt 0 on a node whose epilog of it has not run yet
+    store.record(ev.PrologContext(node="n2", hook="prolog", attempt=0))
+    on_n2 = JobContext(**{**later.__dict__, "node": "n2"})
+    assert ended_attempt(on_n2, store).attempt == 0

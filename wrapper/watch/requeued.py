@@ -8,13 +8,12 @@ the first node's epilog decides anything, and a second requeue by jobwrap would 
 either fail (the job is already pending) or, once the requeued attempt runs, kill it.
 
 Slurm counts such a requeue at once: the epilog's ``SLURM_JOB_RESTART_COUNT`` is already the
-*next* attempt's number. It can also lag: slurmd builds the epilog's environment from the
-job credential it is handed, and a node that ran the attempt before on the same node (or
-an epilog run without a credential) sees the previous count, or none ("0"), seen in CI
-on 22.05 as attempt 1's epilog saying attempt 0. ``ended_attempt`` therefore takes the
-number of the attempt that ran here from root's own record of this node's last prolog
-(Slurm starts no later attempt on a node before the earlier one's epilog there ends);
-Slurm's count only where this node has no prolog record.
+*next* attempt's number. ``ended_attempt`` puts back the number of the attempt that ran
+here: the one root's prolog record on this node opened and no epilog here has closed.
+Slurm's count stands when this node has no open attempt: slurmd sometimes skips the
+Prolog of a requeued job back on a node within seconds (its credential cache already
+holds the job id; seen in CI on 22.05 for a 2-node job whose first node was reused), so
+the absence of a prolog record for the count is no sign of a requeue.
 
 Then the first node's epilog reads Slurm's own ``Restarts`` (a field no user can write) and,
 when it is past this attempt, records a ``requeue.external`` root event and does not
@@ -38,17 +37,23 @@ if TYPE_CHECKING:
 
 
 def ended_attempt(ctx: JobContext, store: JobStore) -> JobContext:
-    """``ctx`` with the number of the attempt that ran on this node: root's last prolog
-    record here, whatever the count in the epilog's environment (ahead after a requeue
-    made while the job ran, behind or missing where slurmd had a stale credential)."""
-    ran = [e.attempt for e in store.root_events()
-           if isinstance(e, ev.PrologContext) and e.node == ctx.node]
-    if ran and ran[-1] != ctx.attempt:
-        from wrapper import log
+    """``ctx`` with the number of the attempt that ran on this node: Slurm's count, unless
+    it is past the attempt root's prolog opened here and no epilog here has closed yet
+    (a requeue made while the job ran, or a late end message)."""
+    prologs = {e.attempt for e in store.root_events()
+               if isinstance(e, ev.PrologContext) and e.node == ctx.node}
+    epilogs = {e.attempt for e in store.root_events()
+               if isinstance(e, ev.EpilogContext) and e.node == ctx.node}
+    open_here = prologs - epilogs
+    if ctx.attempt in prologs or not open_here:
+        if ctx.attempt not in prologs and prologs:
+            from wrapper import log
 
-        log.get().info("epilog.attempt_from_prolog", slurm_count=ctx.attempt, ran=ran[-1])
-        return replace(ctx, attempt=ran[-1])
-    return ctx
+            log.get().warning("epilog.prolog_skipped", attempt=ctx.attempt,
+                              why="Slurm ran no Prolog for this attempt on this node "
+                                  "(a requeued job back on it within seconds)")
+        return ctx
+    return replace(ctx, attempt=max(open_here))
 
 
 def requeued_without_jobwrap(attempt: int, job: SlurmJob) -> bool:
