@@ -17,10 +17,10 @@ and nothing is done here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from wrapper import log
 from wrapper.job import events as ev
+from wrapper.job.store import JobStore
 from wrapper.state import JobState
 
 RESTARTS_PER_ATTEMPT = 3
@@ -29,25 +29,35 @@ RESTARTS_PER_ATTEMPT = 3
 class SupervisorKeeper:
     def __init__(self, state: JobState, *, job_id: str, node: str, attempt: int,
                  restart: Callable[[], str], limit: int = RESTARTS_PER_ATTEMPT) -> None:
-        self.state, self.job_id, self.node, self.attempt = state, job_id, node, attempt
+        self.store, self.job_id, self.node, self.attempt = JobStore(state), job_id, node, attempt
         self.restart, self.limit = restart, limit
         self.done = False  # nothing more to keep: ended, systemd's, or the limit reached
+        self._running: tuple[int, float] | None = None  # (pid, since) last seen alive
 
     def __call__(self) -> None:
-        if self.done:
-            return
-        events = self.state.events()
-        started = [e for e in events if e.get("source") == "root"
-                   and e.get("event") in (ev.SupervisorStarted.KIND, ev.SupervisorRestarted.KIND)
-                   and e.get("attempt") == self.attempt and e.get("node") == self.node]
+        if self.done or (self._running is not None and self._alive(*self._running)):
+            return  # the events are read only once the supervisor seen last is gone
+        self._running = None
+        events = self.store.events()
+        started = [e for e in events if e.from_root
+                   and isinstance(e, (ev.SupervisorStarted, ev.SupervisorRestarted))
+                   and e.attempt == self.attempt and e.node == self.node]
         if not started:
             return  # not this node's (or the prolog did not start one)
         last = started[-1]
-        how = str(last.get("how", ""))
-        if not how.startswith("detached:"):
+        if not last.how.startswith("detached:"):
             self.done = True  # systemd's unit, or nothing started
             return
-        if self._alive(how, _seconds(last.get("ts"))) or self._over(events, last):
+        try:
+            pid = int(last.how.split(":", 1)[1])
+        except ValueError:
+            self.done = True
+            return
+        if self._alive(pid, last.ts):
+            self._running = (pid, last.ts)
+            return
+        if self._over(events, last.ts):
+            self.done = True
             return
         restarts = len(started) - 1
         if restarts >= self.limit:
@@ -56,43 +66,27 @@ class SupervisorKeeper:
             self.done = True
             return
         how = self.restart()
-        self.state.append(ev.SupervisorRestarted.KIND, attempt=self.attempt, node=self.node,
-                          how=how, restarts=restarts + 1)
+        self.store.record(ev.SupervisorRestarted(attempt=self.attempt, node=self.node,
+                                                 how=how, restarts=restarts + 1))
         log.get().warning("watch.supervisor_restarted", how=how, restarts=restarts + 1)
 
-    def _alive(self, how: str, since: float) -> bool:
+    def _alive(self, pid: int, since: float) -> bool:
         import psutil
 
         try:
-            proc = psutil.Process(int(how.split(":", 1)[1]))
+            proc = psutil.Process(pid)
             cmdline = proc.cmdline()
             return proc.status() != psutil.STATUS_ZOMBIE and "supervise" in cmdline \
                 and self.job_id in cmdline and proc.create_time() >= since - 5.0
-        except (ValueError, psutil.Error):
+        except psutil.Error:
             return False
 
-    def _over(self, events: list[dict[str, Any]], last: dict[str, Any]) -> bool:
+    def _over(self, events: list[ev.Event], since: float) -> bool:
         """The attempt ended or a later one started, or the supervisor said it was done."""
-        since = _seconds(last.get("ts"))
         for e in events:
-            name, source = e.get("event"), e.get("source")
-            if source == "root" and name in (ev.EpilogContext.KIND, ev.PrologContext.KIND) \
-                    and int(e.get("attempt") or 0) >= self.attempt + (
-                        name == ev.PrologContext.KIND):
-                self.done = True
+            if e.from_root and ((isinstance(e, ev.EpilogContext) and e.attempt >= self.attempt)
+                                or (isinstance(e, ev.PrologContext) and e.attempt > self.attempt)):
                 return True
-            if name == ev.SupervisorEnd.KIND and e.get("attempt") == self.attempt \
-                    and _seconds(e.get("ts")) >= since:
-                self.done = True
+            if isinstance(e, ev.SupervisorEnd) and e.attempt == self.attempt and e.ts >= since:
                 return True
         return False
-
-
-
-def _seconds(value: Any) -> float:
-    """An event's ``ts``; a made-up one (the user's file: "soon", NaN) reads 0."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return 0.0
-    return number if number == number else 0.0

@@ -40,10 +40,9 @@ def ended_attempt(ctx: JobContext, store: JobStore) -> JobContext:
     """``ctx`` with the number of the attempt that ran on this node: Slurm's count, unless
     it is past the attempt root's prolog opened here and no epilog here has closed yet
     (a requeue made while the job ran, or a late end message)."""
-    prologs = {e.attempt for e in store.root_events()
-               if isinstance(e, ev.PrologContext) and e.node == ctx.node}
-    epilogs = {e.attempt for e in store.root_events()
-               if isinstance(e, ev.EpilogContext) and e.node == ctx.node}
+    here = [e for e in store.root_events() if e.node == ctx.node]
+    prologs = {e.attempt for e in here if isinstance(e, ev.PrologContext)}
+    epilogs = {e.attempt for e in here if isinstance(e, ev.EpilogContext)}
     open_here = prologs - epilogs
     if ctx.attempt in prologs or not open_here:
         if ctx.attempt not in prologs and prologs:
