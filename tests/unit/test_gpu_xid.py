@@ -84,3 +84,20 @@ def test_recent_xids_keeps_the_window_and_each_code_once(tmp_path: Path) -> None
 def test_an_unreadable_kernel_log_raises_oserror(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         kmsg.recent_xids(str(tmp_path / "none"), window=10)
+
+
+@pytest.mark.parametrize("line", [
+    # a segfault record: the file name the fault was in is the user's
+    "6,900,5000000,-;python3[3143]: segfault at 7f21 ip 00007f21 sp 00007ffd error 15 in "
+    "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus[7f21+1000]",
+    # comm (15 bytes) names the process as the driver's lines begin, the file the rest
+    "6,901,5000000,-;NVRM: Xid (PCI:[3150]: segfault at 7f21 ip 00007f21 sp 00007ffd "
+    "error 15 in 0000:3b:00): 79, x[7f21+1000]",
+    # written to /dev/kmsg from user space: facility user (1 << 3 | level)
+    "12,902,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+    "14,903,5000000,-;NVRM: Xid (PCI:0000:3b:00): 48, DBE",
+])
+def test_only_the_kernels_own_xid_records_count(tmp_path: Path, line: str) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(line + "\n4,904,5000000,-;NVRM: Xid (PCI:0000:5d:00): 13, app fault\n")
+    assert kmsg.recent_xids(str(log), window=100.0, now=10.0) == {"0000:5d:00": [13]}

@@ -145,3 +145,12 @@ def test_with_signals_fills_the_evidence(tmp_path: Path) -> None:
     assert filled.oom_kill and classify(filled).kind == HOST_OOM
     assert with_signals(base, "6", cgroup_root=str(tmp_path), kmsg=os.devnull) == base
     assert classify(base).kind == KILLED
+
+
+def test_kernel_log_oom_kill_needs_the_kernels_own_record(tmp_path: Path) -> None:
+    forged = ("oom-kill:constraint=CONSTRAINT_MEMCG,oom_memcg=/slurm/job_77,"
+              "task_memcg=/slurm/job_77/step_0,task=python3,pid=1,uid=1001")
+    log = tmp_path / "kmsg"
+    log.write_text(f"6,1,2,-;python3[9]: segfault at 0 ip 0 sp 0 error 15 in {forged}[0+1]\n"
+                   f"14,2,3,-;{forged}\n")
+    assert kernel_log_oom_kill("77", str(log)) == ""

@@ -244,9 +244,15 @@ class FakeProbe:
 
     name = "fake"
 
-    def __init__(self, inventory: Inventory, path: str) -> None:
+    def __init__(self, inventory: Inventory, path: str, *, kmsg_path: str = "",
+                 xid_window: float = 3600.0) -> None:
         self.inventory = inventory
         self.path = path
+        # The GPUs are fake, the kernel log is not: with ``[gpu] xid_source = "kmsg"`` the
+        # Xids the kernel logged for a GPU's PCI address are added to the inventory's, as
+        # the nvml probe reads them, so the same parser is on the path in the sandbox.
+        self.kmsg_path = kmsg_path
+        self.xid_window = xid_window
 
     @classmethod
     def from_config(cls, config: GpuConfig, node: str) -> FakeProbe:
@@ -254,7 +260,9 @@ class FakeProbe:
             raise ProbeError('[gpu] backend = "fake" needs [gpu] fake_inventory = "PATH" '
                              "(a TOML inventory; {node} in it is the Slurm node name)")
         path = inventory_path(config.fake_inventory, node)
-        return cls(load_inventory(path), path)
+        return cls(load_inventory(path), path,
+                   kmsg_path=config.kmsg_path if config.xid_source == "kmsg" else "",
+                   xid_window=config.xid_window)
 
     def _driver(self) -> None:
         if not self.inventory.driver_loaded:
@@ -276,7 +284,28 @@ class FakeProbe:
                 raise ProbeError(f"gpu{reading.index}: GPU {reading.pci_bus_id} is lost "
                                  f"(fake inventory {self.path}: lost = true)",
                                  kind="gpu", gpu_index=reading.index)
-        return [reading.only(fields) for reading in self.inventory.gpus]
+        readings = list(self.inventory.gpus)
+        if "xid_events" in fields and self.kmsg_path:
+            readings = self._with_kernel_xids(readings)
+        return [reading.only(fields) for reading in readings]
+
+    def _with_kernel_xids(self, readings: list[GpuReading]) -> list[GpuReading]:
+        import dataclasses
+
+        from wrapper.gpu import kmsg
+
+        try:
+            logged = kmsg.recent_xids(self.kmsg_path, self.xid_window)
+        except OSError:
+            return readings  # not root: as the nvml probe, the inventory's alone
+        out = []
+        for reading in readings:
+            extra = logged.get(kmsg.device_key(reading.pci_bus_id), []) \
+                if reading.pci_bus_id else []
+            codes = tuple(reading.xid_events or ()) + tuple(
+                c for c in extra if c not in (reading.xid_events or ()))
+            out.append(dataclasses.replace(reading, xid_events=codes) if extra else reading)
+        return out
 
     def close(self) -> None:
         """Nothing to release."""

@@ -8,6 +8,15 @@ The driver writes every Xid to the kernel ring buffer as
 read back at any time from /dev/kmsg with a timestamp in microseconds since boot; we keep
 those of the last ``[gpu] xid_window`` seconds. (A long-lived watcher such as the
 supervisor can use the event API instead.)
+
+The kernel log also carries text users choose: a segfault record ends with the name of
+the file the fault was in, OOM and segfault records carry the process name (``comm``),
+and root may write to /dev/kmsg with any priority. So a record counts only when the
+kernel itself wrote it (facility 0, ``kern``) and its message *begins* with the driver's
+``NVRM: Xid (`` and a PCI address: a file name or ``comm`` is never at the start of a
+kernel record (``comm`` is at most 15 bytes, too short to hold ``NVRM: Xid (PCI:`` and an
+address), and user writes to /dev/kmsg get the ``user`` facility. The caller keeps only
+the addresses of GPUs the node has.
 """
 
 from __future__ import annotations
@@ -29,21 +38,30 @@ def device_key(pci_bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{bus}:{rest.split('.')[0]}"
 
 
+KERN = 0  # syslog facility of the kernel's own records (prio = facility << 3 | level)
+
+
 def parse_record(line: str) -> tuple[float, str] | None:
-    """A /dev/kmsg record ``prio,seq,usec,flags[,...];message`` -> (seconds since boot,
-    message); None for continuation lines and anything else."""
+    """A /dev/kmsg record ``prio,seq,usec,flags[,...];message`` the kernel wrote
+    (facility ``kern``) -> (seconds since boot, message); None for continuation lines,
+    records written to /dev/kmsg from user space (facility ``user`` and the others), and
+    anything else."""
     head, sep, message = line.partition(";")
     if not sep:
         return None
     parts = head.split(",")
-    if len(parts) < 3 or not parts[2].isdigit():
+    if len(parts) < 3 or not parts[0].isdigit() or not parts[2].isdigit():
+        return None
+    if int(parts[0]) >> 3 != KERN:
         return None
     return int(parts[2]) / 1e6, message
 
 
 def parse_xid(message: str) -> tuple[str, int] | None:
-    """``NVRM: Xid (PCI:0000:3b:00): 79, ...`` -> (``0000:3b:00``, 79)."""
-    match = _XID.search(message)
+    """``NVRM: Xid (PCI:0000:3b:00): 79, ...`` -> (``0000:3b:00``, 79), only where the
+    message begins so: the text anywhere else in a record (a file name in a segfault
+    record, a process name) is a user's, not the driver's."""
+    match = _XID.match(message)
     if not match:
         return None
     domain, bus, device, code = match.groups()

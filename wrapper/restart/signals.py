@@ -63,30 +63,26 @@ def _oom_kill_count(path: str) -> int:
 
 
 def kernel_log_oom_kill(job: str, kmsg: str = KMSG) -> str:
-    """The kernel log's last ``oom-kill:`` record naming the job's memory cgroup, else ""."""
-    mine = re.compile(r"oom-kill:.*\b(?:oom_memcg|task_memcg)=\S*/job_" + job + r"(?:[/,]|$)")
-    try:
-        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return ""
+    """The kernel log's last ``oom-kill:`` record naming the job's memory cgroup, else "".
+    Only a record the kernel wrote that begins with ``oom-kill:`` counts: the same text
+    in a file or process name a user chose (a segfault record's) is not one
+    (see :mod:`wrapper.gpu.kmsg`)."""
+    import itertools
+
+    from wrapper.gpu.kmsg import parse_record, read_records
+
+    mine = re.compile(r"oom-kill:.*\b(?:oom_memcg|task_memcg)=\S*/job_" + re.escape(job) +
+                      r"(?:[/,]|$)")
     found = ""
     try:
-        for _ in range(_KMSG_RECORDS):
-            try:
-                record = os.read(fd, 8192)
-            except BlockingIOError:
-                break  # the end of the log
-            except OSError as exc:
-                if exc.errno == 32:  # EPIPE: records overwritten while reading; go on
-                    continue
-                break
-            if not record:
-                break
-            line = record.decode("utf-8", "replace")
-            if "oom-kill:" in line and mine.search(line):
-                task = re.search(r"\btask=([^,\s]+)", line)
+        for line in itertools.islice(read_records(kmsg), _KMSG_RECORDS):
+            record = parse_record(line)
+            if record is None or not record[1].startswith("oom-kill:"):
+                continue
+            if mine.match(record[1]):
+                task = re.search(r"\btask=([^,\s]+)", record[1])
                 found = "kernel log: oom-kill of " + (task.group(1) if task else "a task") + \
                     f" in job_{job}'s memory cgroup"
-    finally:
-        os.close(fd)
+    except OSError:
+        return found
     return found
