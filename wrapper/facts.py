@@ -110,12 +110,11 @@ def supervisor_facts(state: JobState, attempt: int) -> tuple[str, ...]:
 
 
 def _records(lines: Iterable[bytes]) -> Iterable[dict[str, Any]]:
+    from wrapper.osl import jsontext
+
     for raw in lines:
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
+        record = jsontext.loads_object(raw)
+        if record is not None:
             yield record
 
 

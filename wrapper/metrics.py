@@ -326,10 +326,13 @@ def _merge(families: dict[str, Family], change: Change) -> None:
 def _locked(target: Path, timeout: float) -> Iterator[None]:
     lock = target.with_name(target.name + ".lock")
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        # 0600: a user who could open it to read could also hold a flock on it for ever
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise MetricsError(f"cannot open the lock {lock}: {exc.strerror}") from None
     try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)  # a lock file an earlier jobwrap made 0644
         deadline = time.monotonic() + timeout
         while True:
             try:

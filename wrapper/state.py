@@ -5,13 +5,17 @@ Two files, so that what root wrote can always be told from what the job's user w
 as the job user, such as task-prolog and the supervisor; created by the prolog and owned
 by that user). Each event is one line written with a single ``write`` on an O_APPEND
 descriptor under an exclusive lock, then fsynced, so concurrent writers never tear a line.
+Root's appends take that lock on ``.events.lock``, a file only root can open: the job's
+user reads ``events.jsonl`` through an ACL, and any reader can ``flock`` what it opened.
 
 Safety (all through ``wrapper.osl.files``): folders are 0711 and root's; every file is
 0600, root's files readable by the job's user through a POSIX ACL (where the file system
 has them), so a user sharing the job user's group reads nothing. Nothing is opened
 through a symlink or blocks on a FIFO. The user's file is capped (``[hooks]
 user_events_max``): an append past the cap is dropped with one log line, and only its
-last ``user_events_max`` bytes are ever read. A job id reused by another user finds the
+last ``user_events_max`` bytes are ever read; each line is decoded by
+``osl.jsontext`` (bounded length and nesting: a line no reader can take is dropped, the
+reader goes on). A job id reused by another user finds the
 old job's folder moved aside. Every OS error (a full disk) is a StateError.
 """
 
@@ -30,14 +34,18 @@ from typing import TYPE_CHECKING, Any
 from wrapper.errors import StateError
 from wrapper.job.paths import EVENTS, JOB_ID, JobPaths
 from wrapper.job.paths import USER_EVENTS as USER_EVENTS
-from wrapper.osl import files
+from wrapper.osl import files, jsontext
 
 if TYPE_CHECKING:
     from wrapper.config import Config
 
 ROOT_EVENTS = EVENTS
+# Root's appends lock this file (root's, 0600, no ACL), never events.jsonl itself: the
+# job's user may open events.jsonl to read it, and could hold a flock on it for ever.
+ROOT_LOCK = ".events.lock"
 USER_EVENTS_MAX = 1 << 20  # the default of [hooks] user_events_max
 ROOT_EVENTS_MAX = 64 << 20  # root's own file: bounded too, never read whole past this
+USER_LINE_MAX = 256 << 10  # one line of the user's file: a longer one is dropped unread
 DIR_MODE, FILE_MODE = 0o711, 0o600
 _JOB_ID = JOB_ID
 _warned_full: set[str] = set()
@@ -167,7 +175,8 @@ class JobState:
         try:
             done = files.append_line(path, line, sync=True,
                                      cap=self.user_events_max if as_user else None,
-                                     create_mode=None if as_user else FILE_MODE)
+                                     create_mode=None if as_user else FILE_MODE,
+                                     lock_path=None if as_user else self.path / ROOT_LOCK)
         except files.UnsafeFileError as exc:
             raise StateError(str(exc)) from None
         except OSError as exc:
@@ -218,11 +227,7 @@ class JobState:
         raw = self.read_bytes(name)
         if raw is None:
             return None
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            return None
-        return data if isinstance(data, dict) else None
+        return jsontext.loads_object(raw, max_bytes=len(raw))
 
     def events(self) -> list[dict[str, Any]]:
         """Every event of the job, root's and the user's, in time order.
@@ -231,9 +236,10 @@ class JobState:
         Of the user's file only the last ``user_events_max`` bytes are read.
         """
         out: list[dict[str, Any]] = []
-        for name, source, bound in ((ROOT_EVENTS, "root", ROOT_EVENTS_MAX),
-                                    (USER_EVENTS, "user", self.user_events_max)):
-            for record in _read_lines(self.path / name, bound):
+        for name, source, bound, line_max in (
+                (ROOT_EVENTS, "root", ROOT_EVENTS_MAX, jsontext.MAX_LINE),
+                (USER_EVENTS, "user", self.user_events_max, USER_LINE_MAX)):
+            for record in _read_lines(self.path / name, bound, line_max):
                 record["source"] = source
                 out.append(record)
         out.sort(key=lambda r: _ts(r.get("ts")))
@@ -293,7 +299,8 @@ def for_job(cfg: Config, job_id: str) -> JobState:
                     user_events_max=cfg.hooks.user_events_max)
 
 
-def _read_lines(path: Path, bound: int) -> Iterator[dict[str, Any]]:
+def _read_lines(path: Path, bound: int, line_max: int = jsontext.MAX_LINE
+                ) -> Iterator[dict[str, Any]]:
     try:
         raw = files.read_tail(path, bound + 1)
     except (OSError, files.UnsafeFileError):
@@ -304,11 +311,9 @@ def _read_lines(path: Path, bound: int) -> Iterator[dict[str, Any]]:
     for line in lines:
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash is skipped, never fatal
-        if isinstance(record, dict):
+        # a line cut by a crash, or any content a user wrote, is skipped, never fatal
+        record = jsontext.loads_object(line, max_bytes=line_max)
+        if record is not None:
             yield record
 
 

@@ -33,6 +33,12 @@ FORGED = {
     "gpu.fault": "forge gpu.fault '\"reason\":\"xid gpu0: forged\"'\n"
                  "forge hang '\"idle_s\":999'\n"
                  "echo 'NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.'",
+    # issue 22, item 2: one line no JSON reader can take (RecursionError in json.loads)
+    # once crashed the epilog before its decision, the requeued prolog's resume lookup
+    # and the watcher; a 300 KiB line and a NaN beside it
+    "poison": "head -c 307200 /dev/zero | tr '\\0' 'a' >> \"$events\"; echo >> \"$events\"\n"
+              "printf '%*s\\n' 100000 '' | tr ' ' '[' >> \"$events\"\n"
+              "forge checkpoint '\"path\":\"x\",\"ts2\":NaN'",
 }
 
 

@@ -41,6 +41,7 @@ from typing import Any
 from wrapper.archive._fs import Access, create_file
 from wrapper.errors import JobwrapError
 from wrapper.job.paths import SUPERVISOR_LOG
+from wrapper.osl import jsontext
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
 from wrapper.state import JobState
@@ -311,9 +312,8 @@ def _bounded(handle: Any, limit: int) -> Iterable[bytes]:
 
 def _of_attempt(attempt: int) -> Callable[[bytes], bool]:
     def keep(line: bytes) -> bool:
-        try:
-            record = json.loads(line)
-        except ValueError:
+        record = jsontext.loads(line)
+        if record is None:
             return bool(line.strip())  # not JSON (a traceback): keep it
         return not isinstance(record, dict) or record.get("attempt", attempt) == attempt
     return keep
@@ -327,11 +327,8 @@ def _of_job(job_id: str, attempt: int) -> Callable[[bytes], bool]:
         # line of the job whatever the log's JSON separators; the parse decides.
         if digits not in line:
             return False
-        try:
-            record = json.loads(line)
-        except ValueError:
-            return False
-        return isinstance(record, dict) and record.get("job_id") == job_id \
+        record = jsontext.loads_object(line)
+        return record is not None and record.get("job_id") == job_id \
             and record.get("attempt", attempt) == attempt
     return keep
 

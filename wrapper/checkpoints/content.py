@@ -17,13 +17,13 @@ when what the header promises is not all there:
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import struct
 
 from wrapper.checkpoints.layout import Rejected
 from wrapper.checkpoints.ziptail import zip_problem
+from wrapper.osl import jsontext
 
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # safetensors refuses headers above 100,000,000 bytes itself.
@@ -69,10 +69,9 @@ def safetensors_problem(fd: int, size: int) -> str | None:
     if 8 + header_len > size:
         return f"truncated: the header ({header_len} bytes) does not fit in {size} bytes"
     raw = _read_exact(fd, header_len, 8)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        return "corrupt: the safetensors header is not JSON"
+    header = jsontext.loads(raw, max_bytes=SAFETENSORS_HEADER_LIMIT)
+    if header is None:
+        return "corrupt: the safetensors header is not JSON (or nests too deep)"
     if not isinstance(header, dict):
         return "corrupt: the safetensors header is not a JSON object"
     end = 0

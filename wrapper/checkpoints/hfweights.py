@@ -10,11 +10,11 @@ Used by the HF layout and by Accelerate's ``save_state`` folders.
 
 from __future__ import annotations
 
-import json
 import os
 
 from wrapper.checkpoints.content import check_file, plain_name, read_small
 from wrapper.checkpoints.layout import Rejected
+from wrapper.osl import jsontext
 
 INDEX_LIMIT = 64 << 20
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -26,10 +26,9 @@ _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 def index_shards(path: str) -> set[str]:
     """The shard files a weights index names; Rejected when it cannot say."""
     name = os.path.basename(path)
-    try:
-        index = json.loads(read_small(path, INDEX_LIMIT))
-    except (UnicodeDecodeError, ValueError):
-        raise Rejected(f"{name} is not JSON (cut short?)") from None
+    index = jsontext.loads(read_small(path, INDEX_LIMIT), max_bytes=INDEX_LIMIT)
+    if index is None:
+        raise Rejected(f"{name} is not JSON (cut short?)")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise Rejected(f"{name} has no weight_map")

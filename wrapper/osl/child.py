@@ -154,7 +154,12 @@ def call_as(user: UserIds, fn: Callable[..., Any], *args: Any,
     if not data:
         raise AsUserError(f"the helper process running as {user.name} died "
                           f"({child.describe()})")
-    result = json.loads(data)
+    from wrapper.osl import jsontext
+
+    result = jsontext.loads_object(data, max_bytes=max_result)
+    if result is None or ("error" not in result and "ok" not in result):
+        raise AsUserError(f"the helper process running as {user.name} answered what is "
+                          "not a result")
     if "error" in result:
         raise AsUserError(str(result["error"]))
     return result["ok"]

@@ -129,12 +129,17 @@ Appended = Literal["ok", "missing", "full"]
 
 def append_line(path: StrPath, line: bytes, *, cap: int | None = None,
                 create_mode: int | None = None, lock_timeout: float = 5.0,
-                sync: bool = False) -> Appended:
+                sync: bool = False, lock_path: StrPath | None = None) -> Appended:
     """Append one line in a single ``write`` under an exclusive lock (no torn lines).
 
     ``"missing"`` when the file is absent and ``create_mode`` is None; ``"full"`` when
     the line would take the file past ``cap`` bytes (nothing is written). A lock held
     longer than ``lock_timeout`` is an UnsafeFileError, never an endless wait.
+
+    The lock is on the file itself, or with ``lock_path`` on that file (made 0600 by
+    the caller's uid): a file others may read (root's record, read through an ACL by the
+    job's user) must be locked through one they cannot open, since ``flock`` needs only
+    a descriptor open for reading and a reader could hold it for ever.
     """
     if not line.endswith(b"\n"):
         line += b"\n"
@@ -143,14 +148,26 @@ def append_line(path: StrPath, line: bytes, *, cap: int | None = None,
         fd = open_regular(path, flags, create_mode if create_mode is not None else 0o600)
     except FileNotFoundError:
         return "missing"
+    lock_fd = -1
     try:
-        lock(fd, lock_timeout, os.fspath(path))
+        if lock_path is None:
+            lock(fd, lock_timeout, os.fspath(path))
+        else:
+            lock_fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            info = os.fstat(lock_fd)
+            if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+                raise UnsafeFileError(f"{os.fspath(lock_path)} is not a private lock file "
+                                      f"of uid {os.geteuid()} (mode {info.st_mode & 0o777:o},"
+                                      f" owner {info.st_uid}); remove it")
+            lock(lock_fd, lock_timeout, os.fspath(path))
         if cap is not None and os.fstat(fd).st_size + len(line) > cap:
             return "full"
         write_all(fd, line)
         if sync:
             os.fsync(fd)
     finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)
         os.close(fd)
     return "ok"
 

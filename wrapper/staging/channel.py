@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from wrapper.osl import jsontext
 from wrapper.staging.errors import StagingError
 
 _PACKET = 32 * 1024  # well under the default socket buffer, so one send never blocks long
@@ -81,10 +82,7 @@ class Channel:
             parts.append(packet[1:])
             if packet[:1] == _LAST:
                 break
-        try:
-            message = json.loads(b"".join(parts))
-        except ValueError:
-            message = None
+        message = jsontext.loads(b"".join(parts), max_bytes=_MAX_MESSAGE)
         if not isinstance(message, dict) or not isinstance(message.get("t"), str):
             _close_all(fds)
             raise StagingError("the staging worker sent a malformed message")
