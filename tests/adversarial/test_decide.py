@@ -109,3 +109,24 @@ def test_unwritable_stage_out_keeps_the_results(cluster: Cluster) -> None:
     node = str(record["node"])
     assert "drain" not in cluster.node_states()[node]
     assert not (cluster.scratch_root / job_id).exists()
+
+
+KILLED_LINE = """#!/bin/bash
+#SBATCH --output={work}/killedline-%j.out -w n1
+#JOBWRAP --max-restarts=1000
+echo "srun: error: n1: task 0: Killed"
+echo Killed
+exit 1
+"""
+
+
+def test_a_printed_killed_line_loosens_no_brake(cluster: Cluster) -> None:
+    """Issue 22, item 5: ``echo Killed; exit 1`` was classed ``killed`` (not the job's
+    fault): no same-error or no-progress stop, requeued up to --max-restarts, and counted
+    against the node. The job's own words now make it only more the job's fault."""
+    job_id = cluster.submit(KILLED_LINE.format(work=cluster.work), name="killedline.sh")
+    info = cluster.wait_job(job_id, timeout=180)
+    ends = [(e["attempt"], e["kind"], e["decision"]) for e in root_events(cluster, job_id)
+            if e["event"] == "attempt.end"]
+    assert info["JobState"] == "FAILED", info
+    assert ends == [(0, "user_error", "requeue"), (1, "user_error", "stop")], ends

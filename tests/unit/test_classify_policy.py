@@ -154,3 +154,30 @@ def test_a_crash_names_the_rank_that_crashed_not_its_peer() -> None:
         "torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -11)\n"
         "Signal 11 (SIGSEGV) received by PID 4242\n")))
     assert torchrun.kind == "user_error" and "SIGSEGV" in torchrun.detail
+
+
+@pytest.mark.parametrize("tail", ["Killed\n", "srun: error: n2: task 1: Killed\n",
+                                  "/var/spool/slurmd/job42/slurm_script: line 3: 99 Killed\n"])
+def test_a_killed_line_in_the_output_alone_is_not_a_kill(tail: str) -> None:
+    """Issue 22, item 5: ``echo Killed; exit 1`` was classed killed (not the job's fault)
+    and dodged the same-error and no-progress stops. The job's words alone are its own."""
+    first = classify(Evidence(exit_code=1, output_tail=tail))
+    assert first.kind == "user_error"
+    again = decide(classify(Evidence(exit_code=1, output_tail=tail)), attempt=1,
+                   max_restarts=1000, no_requeue=False, node="n1", checkpoint_step=None,
+                   checkpoint_path=None,
+                   history=[PastAttempt(0, first.kind, first.signature, None)])
+    assert again.action == "stop", again
+
+
+def test_real_kills_with_no_progress_stop() -> None:
+    """A kill (exit 137, SIGKILL) is retried, but counts against the job's progress: a
+    job can kill itself, so it may not switch off the no-progress brake."""
+    killed = classify(Evidence(exit_code=137, output_tail="step 4\n"))
+    assert killed.kind == "killed"
+    assert decide(killed, attempt=0, max_restarts=1000, no_requeue=False, node="n1",
+                  history=[], checkpoint_step=4, checkpoint_path="c4").requeue
+    stop = decide(killed, attempt=1, max_restarts=1000, no_requeue=False, node="n1",
+                  history=[PastAttempt(0, "killed", "killed", 4)], checkpoint_step=4,
+                  checkpoint_path="c4")
+    assert stop.action == "stop" and "no checkpoint progress" in stop.reason, stop

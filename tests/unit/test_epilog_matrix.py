@@ -39,7 +39,7 @@ CASES: dict[str, tuple[int, str, str, str]] = {
     "hang": (137, "FAILED", "", "hang_fact"),
     "collective_timeout": (1, "FAILED", "NCCL watchdog: collective operation timed out\n",
                            ""),
-    "killed": (1, "FAILED", "srun: error: n2: task 1: Killed\n", ""),
+    "killed": (137, "FAILED", "srun: error: n2: task 1: Killed\n", ""),
     "cuda_oom": (1, "FAILED", "torch.OutOfMemoryError: CUDA out of memory\n", ""),
     "host_oom": (1, "OUT_OF_MEMORY", "", ""),
     "walltime": (0, "TIMEOUT", "", ""),
@@ -49,7 +49,7 @@ CASES: dict[str, tuple[int, str, str, str]] = {
     "user_error": (1, "FAILED", "ValueError: bad input\n", ""),
 }
 HISTORIES = ("first", "one_failure_before", "at_limit")
-NOT_COUNTED = {"hardware", "node_failure", "preempted", "killed"}
+NOT_COUNTED = {"hardware", "node_failure", "preempted"}
 NEVER_RETRIED = {"success", "cancelled", "staging", "cuda_oom"}
 
 

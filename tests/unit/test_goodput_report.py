@@ -24,7 +24,7 @@ def test_failures_by_class_and_node_mtbf_gaps_and_the_ettr_distribution() -> Non
     jobs = [
         _job("1", Attempt(0, 0, 100, "hardware", (Checkpoint(80, 8),), nodes=("bad",)),
              Attempt(1, 120, 300, "success", nodes=("good1",), resumed_step=8)),
-        _job("2", Attempt(0, 0, 100, "hang", (Checkpoint(50, 5),), nodes=("bad",)),
+        _job("2", Attempt(0, 0, 100, "node_failure", (Checkpoint(50, 5),), nodes=("bad",)),
              Attempt(1, 110, 200, "success", nodes=("good2",))),
         _job("3", Attempt(0, 0, 100, "user_error", nodes=("good1",))),
         *[_job(str(10 + i), Attempt(0, 0, 100, "success", nodes=(f"good{i % 3 + 1}",)))
@@ -32,20 +32,32 @@ def test_failures_by_class_and_node_mtbf_gaps_and_the_ettr_distribution() -> Non
     ]
     report = build(jobs)
     assert report.jobs == 15 and report.failures == 3
-    assert report.failures_by_class == {"hardware": 1, "hang": 1, "user_error": 1}
+    assert report.failures_by_class == {"hardware": 1, "node_failure": 1, "user_error": 1}
     assert report.nodes["bad"].node_failures == 2 and report.nodes["good1"].node_failures == 0
     assert report.flaky_nodes == ["bad"] and report.nodes["bad"].score >= FLAKY_SCORE
     assert all(report.nodes[n].score < 1 for n in ("good1", "good2", "good3"))
     assert report.mtbf_s == pytest.approx(report.run_s / 3)
     assert report.mean_restart_gap_s == pytest.approx((20 + 10) / 2)
-    assert report.mean_restart_gap_by_class == {"hardware": 20, "hang": 10}
-    assert report.lost_by_class == {"hardware": 20, "hang": 50, "user_error": 100}
+    assert report.mean_restart_gap_by_class == {"hardware": 20, "node_failure": 10}
+    assert report.lost_by_class == {"hardware": 20, "node_failure": 50, "user_error": 100}
     dist = report.ettr_of_ended_jobs
     assert dist["jobs"] == 15 and dist["min"] == 0 and dist["max"] == 1
     assert report.ettr_histogram["<=1"] == 15
     assert report.worst_jobs[0]["job_id"] == "3"
     text = render(report)
     assert "bad" in text and "FLAKY" in text and "MTBF" in text
+
+
+def test_only_root_confirmed_causes_count_against_a_node() -> None:
+    """Issue 22, item 5: classes the job's own output or exit picks (a hang, a collective
+    timeout, a kill) pinned on one node among normal jobs never make it flaky."""
+    jobs = [_job(str(i), Attempt(0, 0, 100, kind, nodes=("gpu07",)))
+            for i, kind in enumerate(["killed", "collective_timeout", "hang", "killed"])]
+    jobs += [_job(str(100 + i), Attempt(0, 0, 100, "success", nodes=(f"gpu{i % 4:02d}",)))
+             for i in range(40)]
+    report = build(jobs)
+    assert report.failures == 4 and report.nodes["gpu07"].node_failures == 0
+    assert report.flaky_nodes == [] and report.nodes["gpu07"].score < FLAKY_SCORE
 
 
 def test_an_empty_archive_says_so() -> None:

@@ -4,10 +4,13 @@
 node's flaky score, the MTBF, the restart gaps, the distribution of ETTR over ended
 jobs. ``from_archive`` reads the ledgers from the archive's manifests.
 
-Flaky-node score: how much more often a node's attempts end in a failure a node can
-cause (a GPU, the node, a hang, a collective timeout; not the user's own errors, the
-walltime, a cancellation) than the cluster's attempts do, smoothed by one pseudo-attempt
-at the cluster's rate so that one failure on a node that ran two attempts is no verdict:
+Flaky-node score: how much more often a node's attempts end in a failure root has
+confirmed the node caused (``NODE_CAUSES``: a GPU fault root's own probe or watcher
+found, a node failure from Slurm's record) than the cluster's attempts do. Classes the
+job's own output or exit can pick (a hang, a collective timeout, a kill, the user's
+errors) never count against a node: a user could otherwise blame any node they pin jobs
+to. The score is smoothed by one pseudo-attempt at the cluster's rate so that one
+failure on a node that ran two attempts is no verdict:
 ``score = ((failures + 1) / (attempts + 1 / rate)) / rate``. About 1 is ordinary; a node
 is listed as flaky at ``FLAKY_SCORE`` or more with at least two such failures.
 """
@@ -20,9 +23,9 @@ from typing import Any
 
 from wrapper.goodput.accounting import RUNNING_CLASS, SUCCESS, Ledger
 
-# Classes that say nothing about the node the attempt ran on.
-NOT_THE_NODE = frozenset({SUCCESS, RUNNING_CLASS, "unknown", "cuda_oom", "host_oom",
-                          "walltime", "preempted", "cancelled", "staging", "user_error"})
+# The only classes that count against a node: both come from root's facts alone
+# (root's GPU probe or node watcher; Slurm's NODE_FAIL), never from the job's output.
+NODE_CAUSES = frozenset({"hardware", "node_failure"})
 NOT_A_FAILURE = frozenset({SUCCESS, RUNNING_CLASS, "cancelled"})
 FLAKY_SCORE = 2.0
 ETTR_BUCKETS = (0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
@@ -99,7 +102,7 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
                 stats.attempts += 1
                 if failed:
                     stats.failures[attempt.kind] = stats.failures.get(attempt.kind, 0) + 1
-                if attempt.kind not in NOT_THE_NODE:
+                if attempt.kind in NODE_CAUSES:
                     stats.node_failures += 1
         if ledger.attempts[-1].kind != RUNNING_CLASS:
             ended.append((ledger.ettr, job))

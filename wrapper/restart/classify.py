@@ -36,8 +36,12 @@ USER_ERROR = "user_error"
 
 RETRYABLE = {HARDWARE, NODE_FAILURE, HANG, COLLECTIVE_TIMEOUT, WALLTIME, PREEMPTED, HOST_OOM,
              USER_ERROR, KILLED}
-# Classes that are no fault of the job: they do not count against its progress.
-NOT_THE_JOBS_FAULT = {HARDWARE, NODE_FAILURE, PREEMPTED, KILLED}
+# Classes that are no fault of the job: they do not count against its progress. Each
+# rests on root's facts alone (root's GPU check, Slurm's NODE_FAIL and PREEMPTED); a kill
+# is not among them, since the job can kill itself (``kill -9 $$``, ``exit 137``) and the
+# brakes would then never apply: classes the job's own output or exit can pick may only
+# make an attempt more the job's fault, never less.
+NOT_THE_JOBS_FAULT = {HARDWARE, NODE_FAILURE, PREEMPTED}
 
 # (class, pattern) in order: the first match wins. Patterns are what the tools print.
 SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -173,9 +177,6 @@ _CRASH = re.compile(
     r"|^.*\bSignal (?:11|7|8|4) \(SIG(?:SEGV|BUS|FPE|ILL)\) received by PID \d+.*$"
     r"|^Fatal Python error: (?:Segmentation fault|Bus error|Floating point exception|"
     r"Illegal instruction).*$", re.M)
-# srun's word for a task that died of SIGKILL, and a shell's for a command that did.
-_KILLED_LINE = re.compile(r"^(?:srun: error: \S+: tasks? [\d,-]+: Killed|.*\bKilled\s+.*)$"
-                          r"|^Killed$", re.M)
 _RANK_PREFIX = re.compile(r"^\[(?:rank|Rank |default)\d*\]:\s?", re.M)
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (\S+)')
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|"
@@ -184,13 +185,14 @@ _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen ")
 
 
 def _sigkill(ev: Evidence) -> str:
-    """How the attempt shows a SIGKILL (exit signal, status 137, srun's line), or ""."""
+    """How the attempt shows a SIGKILL (Slurm's exit signal or status 137), or ""."""
     if ev.exit_signal == 9:
         return "ended by SIGKILL"
     if ev.exit_code == 137:
         return "exit 137 (a command killed by SIGKILL)"
-    match = _last_match(_KILLED_LINE, ev.output_tail)
-    return f"output says: {_line_of(ev.output_tail, match)}" if match else ""
+    # srun's "task N: Killed" or a shell's "Killed" line alone is the job's own output,
+    # which anyone can print: not a kill (srun itself exits 128+9 when a task was).
+    return ""
 
 
 def last_traceback(text: str) -> tuple[str, str, str] | None:
