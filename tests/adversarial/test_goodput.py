@@ -1,6 +1,7 @@
 """The job's user forges its goodput: checkpoint claims with absurd times and steps, and an
 ``attempt.end`` of its own. Root's epilog still ends every attempt, the AdminComment says
-only what root decided, the metrics stay a valid textfile with finite numbers, and
+only what root decided (and numbers only the attempts root ran: issue 22, item 6), the
+metrics stay a valid textfile with finite numbers, and
 ``jobwrap status`` keeps ETTR within [0, 1]. Played on the real sandbox Slurm by the
 test user's own job."""
 
@@ -28,6 +29,12 @@ forge checkpoint '"ts":NaN,"step":"many","path":"/y"'
 forge checkpoint '"ts":-1e300,"step":-7,"path":"/z","save_s":1e308'
 forge checkpoint '"ts":"soon","step":1e400,"path":"/w"'
 forge attempt.end '"ts":1,"kind":"success","decision":"done","node":"n1"'
+# issue 22, item 6: attempts root never ran, which once filled the ledger and pushed
+# root's own a0 out of the AdminComment
+for a in $(seq 52 119); do
+  printf '{{"event":"supervisor.start","attempt":%s,"ts":%s,"node":"n1"}}\n' \
+    "$a" "$(date +%s)" >> "$events"
+done
 exit 1
 """
 
@@ -61,3 +68,5 @@ def test_forged_goodput_claims_do_not_reach_root(cluster: Cluster) -> None:
     ledger = json.loads(out)["goodput"]
     assert 0 <= ledger["ettr"] <= 1 and ledger["lost_s"] <= ledger["wall_s"], ledger
     assert [a["kind"] for a in ledger["attempts"]] == ["user_error", "user_error"], ledger
+    assert [a["attempt"] for a in json.loads(out)["attempts"]] == [0, 1], out
+    assert "a52=" not in comment and "a119=" not in comment, comment

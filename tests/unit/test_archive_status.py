@@ -90,3 +90,18 @@ def test_the_users_events_cannot_forge_a_failed_prolog() -> None:
         {"ts": 3, "event": "directives.invalid", "attempt": 0, "error": "x", "source": "user"},
     ])
     assert attempts[0].incidents == []
+
+
+def test_user_events_annotate_root_attempts_and_never_create_one() -> None:
+    from wrapper.archive.status import summarize
+
+    events = [
+        {"ts": 10.0, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
+        {"ts": 12.0, "event": "checkpoint", "attempt": 0, "path": "c1", "step": 1,
+         "source": "user"},
+        *({"ts": 11.0 + a, "event": "supervisor.start", "attempt": a, "source": "user"}
+          for a in range(52, 120)),
+    ]
+    summaries = summarize(events)
+    assert [s.attempt for s in summaries] == [0]
+    assert summaries[0].latest_checkpoint == "c1" and summaries[0].started_at == 10.0

@@ -75,13 +75,19 @@ def timeline(state: JobState) -> list[AttemptSummary]:
 
 
 def summarize(events: Iterable[dict[str, Any]]) -> list[AttemptSummary]:
-    """One summary per attempt seen in ``events`` (any order; sorted by time here)."""
+    """One summary per attempt root recorded in ``events`` (any order; sorted by time
+    here). Attempt numbers come from root's events alone: the user's events annotate an
+    attempt root knows (checkpoints, incidents) and never create one, so a user's file
+    cannot fill the ledger, the AdminComment or the report with attempts."""
+    ordered_events = sorted(events, key=event_order)
+    known = {n for n in (_attempt_of(e) for e in ordered_events
+                         if e.get("source", "root") == "root") if n is not None}
     attempts: dict[int, AttemptSummary] = {}
     prolog_starts: dict[int, float] = {}
     resumed: dict[int, dict[str, Any]] = {}  # root's resume.chosen, by the attempt it starts
-    for event in sorted(events, key=event_order):
+    for event in ordered_events:
         number = _attempt_of(event)
-        if number is None:
+        if number is None or number not in known:
             continue
         summary = attempts.setdefault(number, AttemptSummary(number))
         _apply(summary, event)
@@ -191,7 +197,7 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
         pass  # an ordinary resume: the banner in the job's output says it
     elif name in _INCIDENTS and (by_root or name not in _ROOT_ONLY):
         summary.incidents.append(_incident(name, event))
-    if summary.started_at is None and ts is not None:
+    if summary.started_at is None and ts is not None and by_root:
         summary.started_at = ts  # no prolog record (it failed, or its node's state is elsewhere)
 
 
