@@ -249,3 +249,27 @@ def test_the_archived_manifest_has_every_section_and_show_rerun_prints_it(
 def test_rerun_of_an_earlier_attempt_names_its_own_script(archived: str) -> None:
     code, out = jobwrap(archived, "archive", "show", "42", "--rerun", "--attempt", "0")
     assert code == 0 and out.startswith("gzip -dc ") and "attempt-0/n1/batch-script" in out
+
+
+def test_claims_read_back_are_filtered_as_at_the_source() -> None:
+    from wrapper.archive.jobenv import sanitize
+
+    forged = {"modules": ["ok", 3, "x" * 5000], "seeds": {"SEED": "1", "BASH_ENV": "/x",
+                                                        "A_SEED": "$(id)"},
+              "container": {"LD_PRELOAD": "/e.so", "APPTAINER_NAME": "img"},
+              "conda": {"prefix": 5}, "venv": ["/v"], "python": "/usr/bin/python3",
+              "anything": "else"}
+    clean = sanitize(forged)
+    assert set(clean) == {"modules", "module_files", "container", "conda", "venv", "python",
+                          "seeds"}
+    assert clean["modules"] == ["ok", "x" * 1024] and clean["seeds"] == {"SEED": "1"}
+    assert clean["container"] == {"APPTAINER_NAME": "img"}
+    assert clean["conda"] is None and clean["venv"] is None
+
+
+def test_the_rerun_line_exports_only_seeds() -> None:
+    made = rerun.command(job_id="9", slurm={}, work_dir=None, script="s.gz", attempt=0,
+                         seeds={"SEED": "3", "BASH_ENV": "/home/u/x.sh",
+                                "LD_PRELOAD": "/tmp/e.so"}, resume_from=None)
+    assert "--export=ALL,SEED=3" in made["options"], made
+    assert "BASH_ENV" not in made["command"] and "LD_PRELOAD" not in made["command"]

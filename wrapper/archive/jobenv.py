@@ -79,6 +79,53 @@ def claims(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+# A seed's value as the rerun line may export it: a plain token (42, 0x2a, 1234-abc), no
+# shell or sbatch syntax, never a path another program would load.
+SEED_VALUE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+
+
+def _text(value: Any) -> str | None:
+    return _cut(value) if isinstance(value, str) else None
+
+
+def _texts(value: Any) -> list[str]:
+    return [_cut(v) for v in value if isinstance(v, str)][:MAX_ITEMS] \
+        if isinstance(value, list) else []
+
+
+def safe_seeds(value: Any) -> dict[str, str]:
+    """The seeds a claim may carry into the manifest and the rerun line: names that are
+    seeds (``SEED_NAME``) with plain values (``SEED_VALUE``); anything else is dropped."""
+    if not isinstance(value, Mapping):
+        return {}
+    return dict(list({k: v for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+                      if isinstance(k, str) and SEED_NAME.match(k)
+                      and isinstance(v, str) and SEED_VALUE.match(v)}.items())[:MAX_ITEMS])
+
+
+def sanitize(found: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded ``claims()`` dict, read back from the user's event file: only the keys
+    ``claims`` writes, with its bounds, and seeds filtered as at the source. The file is
+    the user's, so the record may be forged: nothing else it holds reaches the manifest."""
+    container = found.get("container")
+    conda = found.get("conda")
+    return {
+        "modules": _texts(found.get("modules")),
+        "module_files": _texts(found.get("module_files")),
+        "container": {k: _cut(v) for k, v in list(container.items())[:MAX_ITEMS]
+                      if isinstance(k, str) and isinstance(v, str)
+                      and (k in CONTAINER_NAMES or k.startswith(CONTAINER_PREFIXES)
+                           or PYXIS_OPTION in k)}
+        if isinstance(container, Mapping) else {},
+        "conda": {"prefix": _text(conda.get("prefix")) or "",
+                  "env": _text(conda.get("env")) or ""}
+        if isinstance(conda, Mapping) and _text(conda.get("prefix")) else None,
+        "venv": _text(found.get("venv")),
+        "python": _text(found.get("python")),
+        "seeds": safe_seeds(found.get("seeds")),
+    }
+
+
 def prefix_of(found: Mapping[str, Any]) -> tuple[str, str] | None:
     """(kind, prefix) of the job's Python: its venv, else its conda env, else the prefix
     of the first Python on its PATH (``<prefix>/bin/python3``); None when none is known."""

@@ -79,8 +79,15 @@ def environment(events: Iterable[Mapping[str, Any]], attempt: int) -> dict[str, 
             found = event
     if found is None:
         return None
-    return {"source": "user", "recorded_by": "task-prolog", "node": found.get("node"),
-            "step": found.get("step"), "recorded_at": found.get("ts"), **found["environment"]}
+    from wrapper.archive.jobenv import sanitize
+
+    step = found.get("step")
+    ts = found.get("ts")
+    return {"source": "user", "recorded_by": "task-prolog",
+            "node": str(found.get("node") or "")[:256],
+            "step": step[:64] if isinstance(step, str) else None,
+            "recorded_at": ts if isinstance(ts, (int, float)) else None,
+            **sanitize(found["environment"])}
 
 
 def data(events: Iterable[Mapping[str, Any]], attempt: int) -> list[dict[str, Any]]:
@@ -173,10 +180,19 @@ def command(*, job_id: str, slurm: Mapping[str, Any], work_dir: str | None,
         options.append(f"--mem-per-cpu={text('MinMemoryCPU')}")
     if work_dir:
         options.append(f"--chdir={work_dir}")
-    exports = [f"{k}={v}" for k, v in sorted(seeds.items())]
+    from wrapper.archive.jobenv import safe_seeds
+
+    # Only seeds (a seed's name, a plain value) from the user's claims, however recorded:
+    # never BASH_ENV, LD_PRELOAD or any variable another program acts on.
+    kept = safe_seeds(dict(seeds))
+    exports = [f"{k}={v}" for k, v in sorted(kept.items())]
+    notes = []
+    dropped = sorted(str(k)[:64] for k in seeds if k not in kept)[:20]
+    if dropped:
+        notes.append("not exported (only a seed's name with a plain value is): "
+                     + ", ".join(shlex.quote(k) for k in dropped))
     if resume_from:
         exports.append(f"JOBWRAP_RESUME_FROM={resume_from}")
-    notes = []
     unsafe = [e for e in exports if "," in e or "\n" in e]
     if unsafe:  # sbatch splits --export on commas: such a value cannot be passed there
         notes.append("not exported (a comma or a newline in the value): "
