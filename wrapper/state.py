@@ -169,7 +169,7 @@ class JobState:
     def append(self, event: str, *, as_user: bool = False, **data: Any) -> dict[str, Any]:
         """Append one event; returns the record written."""
         record = {"ts": time.time(), "event": event, **data}
-        line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+        line = _line(record)
         name = USER_EVENTS if as_user else ROOT_EVENTS
         path = self.path / name
         try:
@@ -315,6 +315,39 @@ def _read_lines(path: Path, bound: int, line_max: int = jsontext.MAX_LINE
         record = jsontext.loads_object(line, max_bytes=line_max)
         if record is not None:
             yield record
+
+
+FIELD_MAX = 8192  # characters of one string in an event (a path, a reason, a label)
+ITEMS_MAX = 1024  # items of one list or object in an event
+LINE_MAX = 256 << 10  # bytes of one event line, all fields together
+_CORE = ("ts", "event", "attempt", "node", "hook", "kind", "decision", "pid")
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    """One event as its JSON line, every field bounded: what a user's input reached
+    (an output line, a path, a rank's label) cannot grow the file past ``LINE_MAX`` a
+    line, and past that the event keeps its core fields and says it was cut."""
+    for field_max, items_max in ((FIELD_MAX, ITEMS_MAX), (256, 64)):
+        bounded = _bounded(record, field_max, items_max, 0)
+        line = (json.dumps(bounded, default=str, separators=(",", ":")) + "\n").encode()
+        if len(line) <= LINE_MAX:
+            return line
+    core = {k: _bounded(record[k], 256, 8, 0) for k in _CORE if k in record}
+    return (json.dumps({**core, "cut": True}, default=str, separators=(",", ":"))
+            + "\n").encode()
+
+
+def _bounded(value: Any, field_max: int, items_max: int, depth: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= field_max else value[:field_max] + "...[cut]"
+    if depth >= 8 and isinstance(value, dict | list | tuple):
+        return _bounded(str(value)[:field_max + 1], field_max, items_max, depth)
+    if isinstance(value, dict):
+        return {str(k)[:256]: _bounded(v, field_max, items_max, depth + 1)
+                for k, v in list(value.items())[:items_max]}
+    if isinstance(value, list | tuple):
+        return [_bounded(v, field_max, items_max, depth + 1) for v in value[:items_max]]
+    return value
 
 
 def _ts(value: object) -> float:

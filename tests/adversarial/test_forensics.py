@@ -70,3 +70,35 @@ def test_root_reads_no_rivals_process_and_a_stopped_decoy_stalls_nothing(
     assert ended[0]["ts"] - hang[0]["ts"] < 30 + 20, (hang, ended)
     out = (cluster.work / f"fx-{job_id}.out").read_text()
     assert "hang forensics of attempt 0" in out, out
+
+
+BIG_RANKS = '''#!/bin/bash
+#SBATCH --output=fxbig-%j.out
+#JOBWRAP --hang-timeout=8s --max-restarts=0
+big=$(head -c 120000 /dev/zero | tr '\\0' 'R')
+for i in $(seq 1 16); do
+  RANK="$big$i" python3 -c "import time; time.sleep(600)" &
+done
+python3 -c "import time
+def hung_rank(): print('up', flush=True); time.sleep(600)
+hung_rank()"
+'''
+
+
+def test_rank_labels_from_the_environment_cannot_grow_roots_record(cluster: Cluster) -> None:
+    """Issue 22, item 7: 64 processes with a 128 KiB RANK each once wrote an 8 MiB
+    ``watch.forensics`` line; past ROOT_EVENTS_MAX every reader silently lost root's
+    earliest events. Labels are cut, and every root line is bounded."""
+    job_id = cluster.submit(BIG_RANKS, name="fxbig.sh")
+    cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    state = JobState(cluster.state_dir, job_id)
+    taken = [e for e in state.events() if e["event"] == "watch.forensics"
+             and e["source"] == "root"]
+    assert taken and len(taken[0]["ranks"]) >= 16, taken
+    labels = [r["rank"] for r in taken[0]["ranks"] if r["rank"] is not None]
+    assert labels and all(len(label) <= 24 for label in labels), labels
+    lines = (state.path / "events.jsonl").read_bytes().splitlines()
+    assert max(len(line) for line in lines) <= 256 << 10  # wrapper.state.LINE_MAX
+    assert sum(len(line) for line in lines) < 1 << 20, sum(len(line) for line in lines)
+    ended = [e for e in state.events() if e["event"] == "attempt.end" and e["source"] == "root"]
+    assert ended and ended[0]["kind"] == "hang", ended

@@ -120,3 +120,11 @@ def test_the_watcher_is_asked_once_by_the_supervisors_hang_fact(tmp_path: Path) 
     channel.write(fact("hang", 1, idle_s=5))
     assert trigger.wanted() and not trigger.wanted()
     channel.close()
+
+
+def test_rank_labels_are_bounded() -> None:
+    from wrapper.watch.forensics import LABEL_MAX, rank_label
+
+    assert rank_label(b"3") == "3"
+    assert len(rank_label(b"R" * 131000)) <= LABEL_MAX + 5
+    assert "\n" not in rank_label(b"1\n\x1b[2Jfake")

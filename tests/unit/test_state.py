@@ -142,3 +142,22 @@ def test_stale_user_files_are_pruned_by_root_record_age_at_most_hourly(tmp_path:
     os.utime(recent.path / "events.jsonl", (now - week - 10, now - week - 10))
     assert prune_stale_user_files(tmp_path, week, now + 60) == 0
     assert prune_stale_user_files(tmp_path, week, now + 3700) == 1
+
+
+def test_root_events_are_bounded_whatever_user_text_they_carry(tmp_path: Path) -> None:
+    """Issue 22, item 7: 64 ranks with a 128 KiB RANK each once wrote an 8 MiB line."""
+    from wrapper.state import FIELD_MAX, LINE_MAX
+
+    state = JobState(tmp_path, "5")
+    state.prepare(None, None)
+    big = "r" * (128 << 10)
+    state.append("watch.forensics", attempt=0, node="n1",
+                 ranks=[{"rank": big, "signature": big} for _ in range(64)])
+    state.append("attempt.end", attempt=0, node="n1", kind="user_error", detail=big,
+                 nested=[[[[[[[[[["deep"]]]]]]]]]])
+    lines = (state.path / "events.jsonl").read_bytes().splitlines()
+    assert all(len(line) <= LINE_MAX for line in lines)
+    events = state.events()
+    assert [e["event"] for e in events] == ["watch.forensics", "attempt.end"]
+    assert events[0]["attempt"] == 0 and len(events[0].get("ranks", [])) <= 64
+    assert len(events[1]["detail"]) <= FIELD_MAX + 10 and events[1]["kind"] == "user_error"

@@ -33,6 +33,8 @@ from wrapper.job import events as ev
 
 MAX_PROCS = 64  # candidates on one node: a user spawning thousands costs root nothing more
 MAX_FRAMES = 40
+LABEL_MAX = 16  # characters of a rank label taken from a process's environment
+FRAME_MAX = 240  # characters of one frame's text (function and file names are the user's)
 PROC_READ_MAX = 256 << 10
 DUMP_TIMEOUT = 5.0  # one process's dump; a process that blocks py-spy costs this, no more
 # The helpers multiprocessing starts beside the ranks: never a rank.
@@ -79,13 +81,25 @@ def job_processes(job_id: str, uid: int, proc: str = "/proc") -> list[dict[str, 
         except (OSError, ValueError):
             continue  # gone, or not readable: not a candidate
         values = dict(v.split(b"=", 1) for v in env if b"=" in v)
-        rank = next((values[k].decode(errors="replace") for k in (b"RANK", b"PMI_RANK",
+        rank = next((rank_label(values[k]) for k in (b"RANK", b"PMI_RANK",
                      b"OMPI_COMM_WORLD_RANK") if k in values), None)
         found.append({"pid": pid, "ppid": int(fields.get("PPid", "0").strip() or 0),
-                      "rank": rank, "cmd": cmd.decode(errors="replace").strip()[:200]})
+                      "rank": rank,
+                      "cmd": _printable(cmd[:800].decode(errors="replace").strip())[:200]})
         if len(found) >= MAX_PROCS:
             break
     return found
+
+
+def rank_label(raw: bytes) -> str:
+    """A rank's label from its environment (the user's text): a number as it is, anything
+    else cut to ``LABEL_MAX`` printable characters, so that no process's environment can
+    grow root's events (64 processes with a 128 KiB RANK once wrote an 8 MiB line)."""
+    text = raw[:LABEL_MAX * 4].decode("utf-8", "replace")
+    if text.isdigit() and len(text) <= LABEL_MAX:
+        return text
+    shown = "".join(c if c.isprintable() else "?" for c in text[:LABEL_MAX])
+    return repr(shown) + ("..." if len(text) > LABEL_MAX else "")
 
 
 def leaves(procs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -141,12 +155,16 @@ def summarise(threads: Any, pid: int) -> dict[str, Any]:
     main = next((t for t in threads if isinstance(t, dict) and t.get("os_thread_id") == pid),
                 threads[0])
     frames = [f for f in (main.get("frames") or []) if isinstance(f, dict)][:MAX_FRAMES]
-    shown = [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:"
-             f"{f.get('line')})" for f in frames]
+    shown = [_printable(f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:"
+                        f"{f.get('line')})")[:FRAME_MAX] for f in frames]
     inside = any(any(c in str(f.get("filename", "")) for c in COLLECTIVE_FILES)
                  or str(f.get("name")) in COLLECTIVE_NAMES for f in frames)
     return {"frames": shown, "signature": shown[0] if shown else "",
             "in_collective": inside, "threads": len(threads)}
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def gpu_state(cfg: Any, node: str, gpus: Sequence[int]) -> list[dict[str, Any]]:
