@@ -57,6 +57,8 @@ def notify(cfg: Config, event: str, *, job_id: str = "", attempt: int | None = N
     fields = {"event": event, "job_id": job_id, "attempt": "" if attempt is None
               else str(attempt), "node": node, "class": failure_class, "user": user,
               "reason": reason}
+    fields = {k: clean(v, REASON_MAX if k == "reason" else FIELD_MAX)
+              for k, v in fields.items()}
     text = message(fields, dropped)
     payload = {"fields": fields, "message": text, "dropped": dropped,
                "command": list(settings.command), "webhook": settings.webhook,
@@ -69,6 +71,31 @@ def notify(cfg: Config, event: str, *, job_id: str = "", attempt: int | None = N
     return True
 
 
+FIELD_MAX = 128  # characters of a field other than the reason
+REASON_MAX = 600  # characters of the reason (it quotes the job's output)
+# Mention syntax of the chat services operators wire webhooks to (Slack's <!here> and
+# <@U123>, Discord's and Teams' @everyone / @here): a zero-width space after "@" and
+# angle brackets swapped for look-alikes keep them from pinging anyone or linking.
+_MENTION = str.maketrans({"<": "\u2039", ">": "\u203a"})
+
+
+def clean(value: str, limit: int) -> str:
+    """One line of printable text, at most ``limit`` characters: control characters
+    (newlines, ESC, CR, bidi overrides) become spaces, so that no part of a notification
+    can forge a line of its own ("node gpu07 drained") or a terminal's colours."""
+    import unicodedata
+
+    text = "".join(c if c.isprintable() and unicodedata.category(c) != "Cf" else " "
+                   for c in str(value)[:limit * 2])
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def defuse(text: str) -> str:
+    """The job's words as inert text in a chat message: no mention, no markup link."""
+    return text.translate(_MENTION).replace("@", "@\u200b").replace('"', "'")
+
+
 def message(fields: Mapping[str, str], dropped: int = 0) -> str:
     what = {"requeue": "requeued", "stop": "stopped (not requeued)",
             "drain": "drained"}.get(fields["event"], fields["event"])
@@ -78,7 +105,8 @@ def message(fields: Mapping[str, str], dropped: int = 0) -> str:
     if fields.get("class"):
         text += f" after {fields['class']}"
     if fields.get("reason"):
-        text += f": {fields['reason']}"
+        # the reason carries the job's own words (an output line, a path): quoted as data
+        text += f": \"{defuse(fields['reason'])}\""
     if fields["event"] != "drain" and fields.get("node"):
         text += f" [node {fields['node']}]"
     if dropped:

@@ -127,3 +127,15 @@ def test_the_webhook_posts_to_the_configured_url_only(server: _Server) -> None:
 def test_bad_notify_config_is_one_clear_message(tmp_path: Path) -> None:
     with pytest.raises(config_mod.ConfigError, match=r"\[notify\] events"):
         _cfg(tmp_path, events=["requeue", "explode"])
+
+
+def test_fields_are_one_bounded_printable_line_and_the_reason_is_defused() -> None:
+    from wrapper.notify import REASON_MAX, clean, defuse, message
+
+    assert clean("a\nb\r\x1b[2Jc\u202ed", 100) == "a b [2Jc d"
+    assert len(clean("x" * 10_000, REASON_MAX)) == REASON_MAX
+    text = message({"event": "stop", "job_id": "7", "attempt": "0", "node": "n1", "user": "u",
+                    "class": "user_error",
+                    "reason": clean("x\njobwrap: node gpu07 drained <@here> @everyone", 600)})
+    assert text.count("\n") == 1 and "<@here>" not in text and "@everyone" not in text
+    assert defuse("<!channel>") == "\u2039!channel\u203a"
