@@ -146,7 +146,9 @@ class GpuConfig(Section):
                                "(format: wrapper/gpu/fake.py); {node} in it is replaced by "
                                "the Slurm node name.")
     xid_source: str = _opt("kmsg", "Where the nvml probe finds Xid events: kmsg (the kernel "
-                           "log, which the driver writes them to; needs root) or none.",
+                           "log, which the driver writes them to; needs root; the node "
+                           "watcher takes them from NVML's Xid event API where the "
+                           "driver delivers it) or none.",
                            choices=("kmsg", "none"))
     kmsg_path: str = _opt("/dev/kmsg", "The kernel log to read Xid events from.",
                           absolute=True)

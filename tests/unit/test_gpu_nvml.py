@@ -100,3 +100,93 @@ def test_importing_the_gpu_package_loads_no_gpu_library() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+class _FakeNvmlEvents:
+    """NVML's event API as pynvml exposes it, for two GPUs: the second delivers no Xid
+    events (an older board), so its Xids must come from the kernel log."""
+
+    NVMLError = pynvml.NVMLError
+    NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+    NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+
+    class _Pci:
+        def __init__(self, bus: str) -> None:
+            self.busId = bus.encode()
+
+    class _Event:
+        def __init__(self, device: int, kind: int, data: int) -> None:
+            self.device, self.eventType, self.eventData = device, kind, data
+
+    def __init__(self) -> None:
+        self.queue: list[_FakeNvmlEvents._Event] = []
+        self.freed = self.shutdowns = 0
+        self.lost = False
+
+    def nvmlEventSetCreate(self) -> str:
+        return "set"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return 1000 + index
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> _FakeNvmlEvents._Pci:
+        return self._Pci({1000: "00000000:3B:00.0", 1001: "00000000:5D:00.0"}[handle])
+
+    def nvmlDeviceRegisterEvents(self, handle: int, kinds: int, event_set: str) -> None:
+        if handle == 1001:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> _FakeNvmlEvents._Event:
+        if self.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if not self.queue:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return self.queue.pop(0)
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        self.freed += 1
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_the_xid_event_api_is_the_source_where_a_gpu_delivers_it(tmp_path: Path) -> None:
+    from wrapper.gpu.nvml import XidListener, merged_xids
+
+    nv = _FakeNvmlEvents()
+    listener = XidListener.open(nv)
+    assert listener is not None and listener.covers("0000:3b:00")
+    assert not listener.covers("0000:5d:00")
+    nv.queue = [nv._Event(1000, pynvml.nvmlEventTypeXidCriticalError, 79),
+                nv._Event(1000, 0x1, 5),  # another event type: not an Xid
+                nv._Event(1000, pynvml.nvmlEventTypeXidCriticalError, 79),
+                nv._Event(1000, pynvml.nvmlEventTypeXidCriticalError, 48)]
+    # the kernel log names both GPUs; only the one without events is taken from it
+    log = tmp_path / "kmsg"
+    log.write_text("4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 13, from the log\n"
+                   "4,2,5000000,-;NVRM: Xid (PCI:0000:5d:00): 63, from the log\n")
+    found = merged_xids(listener, str(log), 1e9)
+    assert found == {"0000:3b:00": [79, 48], "0000:5d:00": [63]}
+    assert merged_xids(listener, str(log), 1e9)["0000:3b:00"] == [79, 48]  # kept
+    nv.lost = True
+    with pytest.raises(ProbeError) as info:
+        listener.poll()
+    assert info.value.kind == "gpu"
+    listener.close()
+    assert nv.freed == 1 and nv.shutdowns == 1
+
+
+def test_no_listener_where_no_gpu_delivers_xid_events() -> None:
+    from wrapper.gpu.nvml import XidListener, open_xid_listener
+
+    nv = _FakeNvmlEvents()
+    nv.nvmlDeviceGetCount = lambda: 1  # type: ignore[method-assign]
+    nv.nvmlDeviceGetHandleByIndex = lambda index: 1001  # type: ignore[method-assign]
+    assert XidListener.open(nv) is None and nv.freed == 1
+    assert open_xid_listener(GpuConfig()) is None  # no driver on this machine
+    assert open_xid_listener(GpuConfig(backend="fake", fake_inventory="x")) is None

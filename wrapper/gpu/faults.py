@@ -9,15 +9,21 @@ through the same seam (NVML, or the ``fake`` probe).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from wrapper.config import Config
 from wrapper.gpu.checks import CheckResult
 
+if TYPE_CHECKING:
+    from wrapper.gpu.nvml import XidListener
+
 FAULT_CHECKS = frozenset({"probe", "xid", "ecc", "row_remap", "retired_pages", "nvlink"})
 
 
-def read(cfg: Config, node: str, gpus: Sequence[int]) -> list[CheckResult]:
+def read(cfg: Config, node: str, gpus: Sequence[int], *,
+         listener: XidListener | None = None) -> list[CheckResult]:
     """The fault checks that fail on ``gpus`` of ``node`` now (empty: healthy).
+    ``listener``: a long-lived reader of NVML's Xid events (the node watcher's).
 
     A probe that does not work raises JobwrapError: jobwrap's problem, not the GPU's."""
     if not gpus:
@@ -25,7 +31,7 @@ def read(cfg: Config, node: str, gpus: Sequence[int]) -> list[CheckResult]:
     from wrapper.gpu.probe import open_probe
     from wrapper.gpu.report import run_checks
 
-    probe = open_probe(cfg.gpu, node)
+    probe = open_probe(cfg.gpu, node, listener=listener)
     try:
         report = run_checks(cfg, probe, phase="prolog", allocated=list(gpus),
                             configured_gres=None, env={}, target="gpu")

@@ -7,8 +7,12 @@ reset is the node's; a missing library, a missing driver or a permission problem
 a GPU fault (see :mod:`wrapper.gpu.probe`). Fields a GPU does not support (NVML answers
 "Not Supported", or the driver predates the function) are read as None.
 
-Xid events come from the kernel log, not from NVML's event API: see
-:mod:`wrapper.gpu.kmsg` for why.
+Xid events: a probe that lives for a prolog's second reads them from the kernel log (NVML's
+event API delivers only what happens while a process waits for it: see
+:mod:`wrapper.gpu.kmsg`); the node watcher, which lives as long as the job, opens an
+:class:`XidListener` on NVML's event API at its start and hands it to each probe it opens:
+its GPUs' Xids then come from the driver's events, the kernel log only for a GPU that
+does not deliver them.
 """
 
 from __future__ import annotations
@@ -78,8 +82,9 @@ class NvmlProbe:
 
     name = "nvml"
 
-    def __init__(self, config: GpuConfig) -> None:
+    def __init__(self, config: GpuConfig, listener: XidListener | None = None) -> None:
         self.config = config
+        self.listener = listener
         self._nv: Any = None
         self._busy = 0  # reads in progress (one may outlive its budget in another thread)
 
@@ -175,14 +180,7 @@ class NvmlProbe:
     def _recent_xids(self) -> dict[str, list[int]] | None:
         if self.config.xid_source != "kmsg":
             return None
-        from wrapper.gpu import kmsg
-
-        try:
-            return kmsg.recent_xids(self.config.kmsg_path, self.config.xid_window)
-        except OSError:
-            # Not root, or a container without the kernel log: the Xid check reports the
-            # events as not available rather than failing every other check.
-            return None
+        return merged_xids(self.listener, self.config.kmsg_path, self.config.xid_window)
 
     def _read(self, nv: Any, index: int, wanted: frozenset[str],
               xids: dict[str, list[int]] | None) -> GpuReading:
@@ -318,3 +316,136 @@ class NvmlProbe:
 def _present(nv: Any, *names: str) -> list[Callable[..., Any]]:
     """The functions of ``names`` this pynvml has, newest first."""
     return [fn for fn in (getattr(nv, name, None) for name in names) if fn is not None]
+
+
+def merged_xids(listener: XidListener | None, kmsg_path: str,
+                window: float) -> dict[str, list[int]] | None:
+    """The Xids of the node's GPUs: the event API's for the GPUs a listener covers, the
+    kernel log's for the others; None when neither can be read."""
+    from wrapper.gpu import kmsg
+
+    try:
+        kernel: dict[str, list[int]] | None = kmsg.recent_xids(kmsg_path, window)
+    except OSError:
+        # Not root, or a container without the kernel log: the Xid check reports the
+        # events as not available rather than failing every other check.
+        kernel = None
+    if listener is None:
+        return kernel
+    found = listener.poll()
+    for key, codes in (kernel or {}).items():
+        if not listener.covers(key):
+            found[key] = codes
+    return found
+
+
+def open_xid_listener(config: GpuConfig) -> XidListener | None:
+    """A listener on NVML's Xid events for a long-lived root process, or None where NVML,
+    the driver or the GPUs cannot give one (the kernel log stays the source)."""
+    if config.backend != "nvml" or config.xid_source == "none":
+        return None
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()  # reference-counted: the listener keeps NVML up between probes
+    except pynvml.NVMLError:
+        return None
+    listener = XidListener.open(pynvml)
+    if listener is None:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+    return listener
+
+
+class XidListener:
+    """Xids from NVML's own event API, for a long-lived root process (the node watcher).
+
+    ``nvmlDeviceRegisterEvents`` with ``nvmlEventTypeXidCriticalError`` on every GPU that
+    supports it, then ``nvmlEventSetWait_v2`` with no wait at each look: an event is the
+    driver's own record of an Xid, with the device it happened on, and no text a user
+    can shape reaches it (the kernel log, the fallback, carries file and process names;
+    see :mod:`wrapper.gpu.kmsg`). NVML delivers only events that happen while the set is
+    registered, so a watcher opens it at its start and keeps it; the Xids seen stay
+    counted, by the GPU's PCI key, for as long as the watcher lives.
+    """
+
+    MAX_EVENTS = 1024  # read per look: a storm of events costs one look no more
+
+    def __init__(self, nv: Any, event_set: Any, keys: dict[Any, str]) -> None:
+        self.nv, self.event_set, self.keys = nv, event_set, keys
+        self.seen: dict[str, list[int]] = {}
+
+    @classmethod
+    def open(cls, nv: Any) -> XidListener | None:
+        """Register for the Xids of every GPU; None when NVML or the driver cannot (no
+        GPU supports the event, an old driver): the caller keeps the kernel log."""
+        try:
+            event_set = nv.nvmlEventSetCreate()
+        except (nv.NVMLError, AttributeError):
+            return None
+        keys: dict[Any, str] = {}
+        try:
+            for index in range(int(nv.nvmlDeviceGetCount())):
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                bus_id = nv.nvmlDeviceGetPciInfo(handle).busId
+                if isinstance(bus_id, bytes):
+                    bus_id = bus_id.decode("ascii", "replace")
+                try:
+                    nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError,
+                                                event_set)
+                except nv.NVMLError:
+                    continue  # this GPU does not deliver Xid events: the kernel log does
+                from wrapper.gpu.kmsg import device_key
+
+                keys[_handle_key(handle)] = device_key(normalise_pci_bus_id(bus_id))
+        except nv.NVMLError:
+            keys = {}
+        if not keys:
+            with contextlib.suppress(nv.NVMLError):
+                nv.nvmlEventSetFree(event_set)
+            return None
+        return cls(nv, event_set, keys)
+
+    def covers(self, key: str) -> bool:
+        """The GPU with this PCI key delivers its Xids here."""
+        return key in self.keys.values()
+
+    def poll(self) -> dict[str, list[int]]:
+        """Every Xid delivered since the listener opened, by PCI key, each code once.
+        Raises ProbeError when NVML fails (a lost GPU answers so too)."""
+        nv = self.nv
+        for _ in range(self.MAX_EVENTS):
+            try:
+                data = nv.nvmlEventSetWait_v2(self.event_set, 0)
+            except nv.NVMLError as exc:
+                if _is(nv, exc, ("TIMEOUT",)):
+                    break  # nothing more waiting
+                raise translate(nv, exc, "read Xid events") from None
+            if int(data.eventType) != int(nv.nvmlEventTypeXidCriticalError):
+                continue
+            key = self.keys.get(_handle_key(data.device))
+            if key is None:
+                continue
+            codes = self.seen.setdefault(key, [])
+            if int(data.eventData) not in codes:
+                codes.append(int(data.eventData))
+        return {k: list(v) for k, v in self.seen.items()}
+
+    def close(self) -> None:
+        with contextlib.suppress(self.nv.NVMLError):
+            self.nv.nvmlEventSetFree(self.event_set)
+        with contextlib.suppress(self.nv.NVMLError):
+            self.nv.nvmlShutdown()
+
+
+def _handle_key(handle: Any) -> Any:
+    """A device handle as a dict key: the address it points at (ctypes handles of one
+    device compare by address, not identity)."""
+    import ctypes
+
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle

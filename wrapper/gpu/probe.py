@@ -18,6 +18,7 @@ from wrapper.errors import EXIT_BROKEN, EXIT_UNHEALTHY, JobwrapError
 
 if TYPE_CHECKING:
     from wrapper.config import GpuConfig
+    from wrapper.gpu.nvml import XidListener
 
 # What went wrong when a probe could not answer; it decides who is to blame:
 #   broken     jobwrap or its config (pynvml missing, no permission, a bad inventory)
@@ -151,13 +152,14 @@ class Probe(Protocol):
         ...
 
 
-def open_probe(config: GpuConfig, node: str) -> Probe:
+def open_probe(config: GpuConfig, node: str, *, listener: XidListener | None = None) -> Probe:
     """The probe ``[gpu] backend`` asks for. ``node`` is the Slurm node name: the fake
     probe expands ``{node}`` in its inventory path with it.
 
     The nvml probe loads pynvml and initialises NVML only when first asked something, so
     that its errors come from the calls the checks make; the fake probe reads and
-    validates its inventory here.
+    validates its inventory here. ``listener`` (the node watcher's, on NVML's Xid events)
+    is where the nvml probe takes its GPUs' Xids from.
     """
     if config.backend == "fake":
         from wrapper.gpu.fake import FakeProbe
@@ -165,4 +167,4 @@ def open_probe(config: GpuConfig, node: str) -> Probe:
         return FakeProbe.from_config(config, node)
     from wrapper.gpu.nvml import NvmlProbe
 
-    return NvmlProbe(config)
+    return NvmlProbe(config, listener)

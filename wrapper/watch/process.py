@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from wrapper import log
 from wrapper.config import Config
@@ -20,6 +21,9 @@ from wrapper.job import events as ev
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 from wrapper.watch.feed import Fault, Watcher
+
+if TYPE_CHECKING:
+    from wrapper.gpu.nvml import XidListener
 
 MODULE = "wrapper.watch"
 WATCH_ASK_EVERY = 600.0  # seconds between a watcher's asks to slurmctld (see run())
@@ -71,13 +75,15 @@ def stop(state: JobState, node: str) -> bool:
     return True
 
 
-def read_faults(cfg: Config, node: str, gpus: Sequence[int]) -> list[Fault]:
-    """Faults on ``gpus`` now, through the probe seam and the prolog's checks."""
+def read_faults(cfg: Config, node: str, gpus: Sequence[int],
+                listener: XidListener | None = None) -> list[Fault]:
+    """Faults on ``gpus`` now, through the probe seam and the prolog's checks (Xids from
+    ``listener``, NVML's event API, where the watcher has one)."""
     from wrapper.gpu import faults
     from wrapper.slurm.commands import drain_reason
 
     try:
-        failures = faults.read(cfg, node, gpus)
+        failures = faults.read(cfg, node, gpus, listener=listener)
     except JobwrapError as exc:  # the probe, not the GPU: jobwrap's problem, keep watching
         log.get().warning("watch.gpu_unreadable", error=str(exc))
         return []
@@ -117,8 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not gpus:  # a job without GPUs: the watcher is there for the hang forensics only
         read_gpu_faults: Callable[[], list[Fault]] = list
     else:
+        from wrapper.gpu.nvml import open_xid_listener
+
+        # NVML's Xid events where the driver gives them (registered now, for the job's
+        # life); the kernel log otherwise (wrapper.gpu.kmsg)
+        listener = open_xid_listener(cfg.gpu)
+        log.get().info("watch.xid_source",
+                       source="nvml-events" if listener is not None else cfg.gpu.xid_source)
+
         def read_gpu_faults() -> list[Fault]:
-            return read_faults(cfg, args.node, gpus)
+            return read_faults(cfg, args.node, gpus, listener)
     state = state_mod.for_job(cfg, args.job_id)
     state.write_json(pid_file(args.node), {
         "pid": os.getpid(), "started": psutil.Process().create_time(),
