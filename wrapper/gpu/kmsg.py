@@ -102,6 +102,8 @@ def recent_xids(path: str, window: float, *, now: float | None = None) -> dict[s
     since = (time.monotonic() if now is None else now) - window
     found: dict[str, list[int]] = {}
     for line in read_records(path):
+        if "NVRM: Xid (" not in line:
+            continue  # most records: no parse
         record = parse_record(line)
         if record is None or record[0] < since:
             continue
