@@ -59,6 +59,8 @@ def notify(cfg: Config, event: str, *, job_id: str = "", attempt: int | None = N
               "reason": reason}
     fields = {k: clean(v, REASON_MAX if k == "reason" else FIELD_MAX)
               for k, v in fields.items()}
+    # the job's words, wherever they go (the message, the webhook's fields, {reason})
+    fields["reason"] = defuse(fields["reason"])
     text = message(fields, dropped)
     payload = {"fields": fields, "message": text, "dropped": dropped,
                "command": list(settings.command), "webhook": settings.webhook,
@@ -92,8 +94,10 @@ def clean(value: str, limit: int) -> str:
 
 
 def defuse(text: str) -> str:
-    """The job's words as inert text in a chat message: no mention, no markup link."""
-    return text.translate(_MENTION).replace("@", "@\u200b").replace('"', "'")
+    """The job's words as inert text in a chat message: no mention, no markup link
+    (``<url|text>``, ``[text](url)``)."""
+    return text.translate(_MENTION).replace("@", "@\u200b").replace('"', "'") \
+        .replace("](", "]\u200b(")
 
 
 def message(fields: Mapping[str, str], dropped: int = 0) -> str:
@@ -106,7 +110,7 @@ def message(fields: Mapping[str, str], dropped: int = 0) -> str:
         text += f" after {fields['class']}"
     if fields.get("reason"):
         # the reason carries the job's own words (an output line, a path): quoted as data
-        text += f": \"{defuse(fields['reason'])}\""
+        text += f": \"{fields['reason']}\""
     if fields["event"] != "drain" and fields.get("node"):
         text += f" [node {fields['node']}]"
     if dropped:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import time
@@ -329,7 +330,8 @@ def _line(record: dict[str, Any]) -> bytes:
     line, and past that the event keeps its core fields and says it was cut."""
     for field_max, items_max in ((FIELD_MAX, ITEMS_MAX), (256, 64)):
         bounded = _bounded(record, field_max, items_max, 0)
-        line = (json.dumps(bounded, default=str, separators=(",", ":")) + "\n").encode()
+        line = (json.dumps(bounded, default=str, separators=(",", ":"), allow_nan=False)
+                + "\n").encode()
         if len(line) <= LINE_MAX:
             return line
     core = {k: _bounded(record[k], 256, 8, 0) for k in _CORE if k in record}
@@ -347,6 +349,11 @@ def _bounded(value: Any, field_max: int, items_max: int, depth: int) -> Any:
                 for k, v in list(value.items())[:items_max]}
     if isinstance(value, list | tuple):
         return [_bounded(v, field_max, items_max, depth + 1) for v in value[:items_max]]
+    # What jsontext reads back: a number it would refuse would drop the whole event
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 990:
+        return "(a number too large to record)"
     return value
 
 

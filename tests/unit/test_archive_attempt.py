@@ -172,3 +172,14 @@ def test_where_the_batch_output_is_looked_for(shared: Path, user: UserIds, stdou
     specs = output_specs(rec, slurm, "n1", [])
     assert specs[0].kind == "stdout" and specs[0].candidates[0] == expected
     assert output_specs(rec, slurm, "n2", []) == ()  # only the batch host has it
+
+
+def test_a_flood_of_user_events_pushes_none_of_roots_out_of_the_part() -> None:
+    from wrapper.archive.attempt import MAX_PART_EVENTS, _of_attempt
+
+    root = [{"event": "prolog.context", "attempt": 1, "source": "root"},
+            {"event": "attempt.end", "attempt": 1, "source": "root"}]
+    flood = [{"event": "checkpoint", "attempt": 1, "source": "user", "ts": 1e12}
+             for _ in range(MAX_PART_EVENTS + 10)]
+    kept = _of_attempt([root[0], *flood, root[1]], 1)
+    assert len(kept) == MAX_PART_EVENTS and kept[0] is root[0] and kept[-1] is root[1]

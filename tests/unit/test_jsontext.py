@@ -23,7 +23,7 @@ HOSTILE = [
     b"{\"ts\": Infinity}",
     b"{\"ts\": 1e999}",
     b"{\"attempt\": " + b"9" * 5000 + b"}",
-    b"{\"attempt\": " + b"9" * 31 + b"}",
+    b"{\"attempt\": " + b"9" * 301 + b"}",
     b"{\"event\": \"hang\", \"x\": \"\xff\xfe\"}",
     b"{\"event\": \"" + b"a" * (1 << 20) + b"\"}",
     b"\x00\x01\x02",

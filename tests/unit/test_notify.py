@@ -136,6 +136,7 @@ def test_fields_are_one_bounded_printable_line_and_the_reason_is_defused() -> No
     assert len(clean("x" * 10_000, REASON_MAX)) == REASON_MAX
     text = message({"event": "stop", "job_id": "7", "attempt": "0", "node": "n1", "user": "u",
                     "class": "user_error",
-                    "reason": clean("x\njobwrap: node gpu07 drained <@here> @everyone", 600)})
+                    "reason": defuse(clean("x\njobwrap: node gpu07 drained <@here> @everyone "
+                                           "[x](http://e.example)", 600))})
     assert text.count("\n") == 1 and "<@here>" not in text and "@everyone" not in text
-    assert defuse("<!channel>") == "\u2039!channel\u203a"
+    assert defuse("<!channel>") == "\u2039!channel\u203a" and "](" not in text

@@ -159,5 +159,17 @@ def test_root_events_are_bounded_whatever_user_text_they_carry(tmp_path: Path) -
     assert all(len(line) <= LINE_MAX for line in lines)
     events = state.events()
     assert [e["event"] for e in events] == ["watch.forensics", "attempt.end"]
-    assert events[0]["attempt"] == 0 and len(events[0].get("ranks", [])) <= 64
+    assert events[0]["attempt"] == 0 and 0 < len(events[0]["ranks"]) <= 64
     assert len(events[1]["detail"]) <= FIELD_MAX + 10 and events[1]["kind"] == "user_error"
+
+
+def test_what_root_writes_root_reads_back(tmp_path: Path) -> None:
+    """A number jsontext would refuse (NaN, a 400-digit step) once made root's own
+    attempt.end vanish from every reader."""
+    state = JobState(tmp_path, "6")
+    state.prepare(None, None)
+    state.append("attempt.end", attempt=0, node="n1", kind="user_error",
+                 checkpoint_step=10 ** 400, seconds=float("nan"), big=10 ** 31)
+    [event] = state.events()
+    assert event["kind"] == "user_error" and event["seconds"] is None
+    assert event["big"] == 10 ** 31 and isinstance(event["checkpoint_step"], str)

@@ -226,8 +226,15 @@ def _earlier_attempts(events: list[dict[str, Any]], node: str, attempt: int) -> 
 
 
 def _of_attempt(events: list[dict[str, Any]], attempt: int) -> list[dict[str, Any]]:
+    """The attempt's events: every one of root's, and the user's last ones up to the
+    bound (a user who writes thousands of small events cannot push root's out)."""
     mine = [e for e in events if e.get("attempt") == attempt]
-    return mine[-MAX_PART_EVENTS:]
+    roots = [e for e in mine if e.get("source") == "root"]
+    users = [e for e in mine if e.get("source") != "root"]
+    roots = roots[-MAX_PART_EVENTS:]
+    room = MAX_PART_EVENTS - len(roots)
+    kept = {id(e) for e in roots} | {id(e) for e in (users[-room:] if room else [])}
+    return [e for e in mine if id(e) in kept]
 
 
 def _problems(files: list[ArchivedFile]) -> list[str]:

@@ -59,7 +59,8 @@ def claims(env: Mapping[str, str]) -> dict[str, Any]:
     container = {name: _cut(value) for name, value in sorted(env.items())
                  if name in CONTAINER_NAMES or name.startswith(CONTAINER_PREFIXES)
                  or PYXIS_OPTION in name}
-    seeds = {name: _cut(value) for name, value in sorted(env.items()) if SEED_NAME.match(name)}
+    seeds = {name: _cut(value) for name, value in sorted(env.items())
+             if SEED_NAME.fullmatch(name)}
     python = None
     for name in ("python3", "python"):
         found = shutil.which(name, path=env.get("PATH", ""))
@@ -99,8 +100,8 @@ def safe_seeds(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         return {}
     return dict(list({k: v for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
-                      if isinstance(k, str) and SEED_NAME.match(k)
-                      and isinstance(v, str) and SEED_VALUE.match(v)}.items())[:MAX_ITEMS])
+                      if isinstance(k, str) and SEED_NAME.fullmatch(k)
+                      and isinstance(v, str) and SEED_VALUE.fullmatch(v)}.items())[:MAX_ITEMS])
 
 
 def sanitize(found: Mapping[str, Any]) -> dict[str, Any]:

@@ -332,7 +332,15 @@ def merged_xids(listener: XidListener | None, kmsg_path: str,
         kernel = None
     if listener is None:
         return kernel
-    found = listener.poll()
+    try:
+        found = listener.poll()
+    except ProbeError as exc:
+        # NVML's events failed (a lost GPU answers so): the kernel log this time, and
+        # the probe's own reads say what is wrong with the GPU
+        from wrapper import log
+
+        log.get().warning("gpu.xid_events_unreadable", error=str(exc))
+        return kernel
     for key, codes in (kernel or {}).items():
         if not listener.covers(key):
             found[key] = codes

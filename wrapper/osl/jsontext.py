@@ -10,7 +10,7 @@ other decoding error, so a caller drops the one line and goes on:
 
 - at most ``max_bytes`` of text (a longer line is not decoded at all);
 - nesting at most ``max_depth`` deep (objects and arrays);
-- integers of at most 30 digits, only finite floats, no NaN/Infinity constants;
+- integers of at most 300 digits, only finite floats, no NaN/Infinity constants;
 - UTF-8 text only.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 MAX_LINE = 1 << 20   # bytes of one JSON text (one event line)
 MAX_DEPTH = 32       # objects and arrays inside each other
-MAX_DIGITS = 30      # an integer's digits (a byte count of 1e18 has 19)
+MAX_DIGITS = 300     # an integer's digits: float() of any such int is finite
 
 
 class _Refused(ValueError):

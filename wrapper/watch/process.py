@@ -125,14 +125,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         from wrapper.gpu.nvml import open_xid_listener
 
-        # NVML's Xid events where the driver gives them (registered now, for the job's
-        # life); the kernel log otherwise (wrapper.gpu.kmsg)
-        listener = open_xid_listener(cfg.gpu)
-        log.get().info("watch.xid_source",
-                       source="nvml-events" if listener is not None else cfg.gpu.xid_source)
+        # NVML's Xid events where the driver gives them (registered once, for the job's
+        # life), opened in a thread of its own: NVML on a sick node can hang, and the
+        # watcher's own checks must start regardless. Until it answers, and where it
+        # cannot, the kernel log is the source (wrapper.gpu.kmsg).
+        listening: list[XidListener | None] = []
+
+        def open_listener() -> None:
+            listener = open_xid_listener(cfg.gpu)
+            listening.append(listener)
+            log.get().info("watch.xid_source", source="nvml-events" if listener is not None
+                           else cfg.gpu.xid_source)
+
+        threading.Thread(target=open_listener, name="xid-listener", daemon=True).start()
 
         def read_gpu_faults() -> list[Fault]:
-            return read_faults(cfg, args.node, gpus, listener)
+            return read_faults(cfg, args.node, gpus, listening[0] if listening else None)
     state = state_mod.for_job(cfg, args.job_id)
     state.write_json(pid_file(args.node), {
         "pid": os.getpid(), "started": psutil.Process().create_time(),
