@@ -80,7 +80,7 @@ class FactChannel:
 
 def root_events(state: JobState) -> list[dict[str, Any]]:
     """The job's events that root wrote, in time order."""
-    return [e for e in state.events() if e.get("source") == "root"]
+    return state.events(root_only=True)
 
 
 def user_claims(state: JobState, attempt: int) -> list[dict[str, Any]]:

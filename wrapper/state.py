@@ -230,16 +230,19 @@ class JobState:
             return None
         return jsontext.loads_object(raw, max_bytes=len(raw))
 
-    def events(self) -> list[dict[str, Any]]:
-        """Every event of the job, root's and the user's, in time order.
+    def events(self, *, root_only: bool = False) -> list[dict[str, Any]]:
+        """Every event of the job, root's and the user's, in time order; with
+        ``root_only``, root's alone (the user's file is then not even read: a watcher's
+        or supervisor's per-tick look costs nothing of what the user wrote).
 
         User events carry ``"source": "user"``: they say what the job's user could write.
         Of the user's file only the last ``user_events_max`` bytes are read.
         """
         out: list[dict[str, Any]] = []
-        for name, source, bound, line_max in (
-                (ROOT_EVENTS, "root", ROOT_EVENTS_MAX, jsontext.MAX_LINE),
-                (USER_EVENTS, "user", self.user_events_max, USER_LINE_MAX)):
+        files = [(ROOT_EVENTS, "root", ROOT_EVENTS_MAX, jsontext.MAX_LINE)]
+        if not root_only:
+            files.append((USER_EVENTS, "user", self.user_events_max, USER_LINE_MAX))
+        for name, source, bound, line_max in files:
             for record in _read_lines(self.path / name, bound, line_max):
                 record["source"] = source
                 out.append(record)

@@ -173,3 +173,13 @@ def test_what_root_writes_root_reads_back(tmp_path: Path) -> None:
     [event] = state.events()
     assert event["kind"] == "user_error" and event["seconds"] is None
     assert event["big"] == 10 ** 31 and isinstance(event["checkpoint_step"], str)
+
+
+def test_root_only_reads_leave_the_users_file_unread(tmp_path: Path) -> None:
+    state = JobState(tmp_path, "8")
+    state.prepare(None, None)
+    state.append("prolog.context", attempt=0, node="n1")
+    (state.path / USER_EVENTS).write_bytes(b"[" * 100_000 + b"\n"
+                                           + b'{"event":"checkpoint","attempt":0}\n')
+    assert [e["event"] for e in state.events(root_only=True)] == ["prolog.context"]
+    assert sorted(e["source"] for e in state.events()) == ["root", "user"]

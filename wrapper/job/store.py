@@ -56,7 +56,7 @@ class JobStore:
         return [ev.decode(record) for record in self.state.events()]
 
     def root_events(self) -> list[ev.Event]:
-        return [e for e in self.events() if e.from_root]
+        return [ev.decode(record) for record in self.state.events(root_only=True)]
 
     def script(self) -> str | None:
         """The kept batch script, or None when the prolog kept none."""
@@ -121,4 +121,6 @@ class JobStore:
         return [e for e in self.events() if not e.from_root and e.attempt == attempt]
 
     def _root(self, events: Iterable[ev.Event] | None) -> list[ev.Event]:
-        return [e for e in (self.events() if events is None else events) if e.from_root]
+        if events is None:
+            return self.root_events()
+        return [e for e in events if e.from_root]

@@ -140,7 +140,7 @@ class SlurmLook:
 
     def __call__(self) -> str:
         if any(e.get("event") == ev.EpilogContext.KIND and e.get("attempt") == self.attempt
-               and e.get("source") == "root" for e in self.state.events()):
+               for e in self.state.events(root_only=True)):
             return "COMPLETING"
         now = self.clock()
         if self.asked is not None and now - self.asked < self.ask_every:
@@ -216,8 +216,8 @@ def _forensics_waiter(cfg: Config, state: JobState, attempt: int) -> Callable[[]
     def wait() -> None:
         end = time.monotonic() + budget
         while True:
-            events = [e for e in state.events() if e.get("source") == "root"
-                      and e.get("attempt") == attempt]
+            events = [e for e in state.events(root_only=True)
+                      if e.get("attempt") == attempt]
             watched = {e.get("node") for e in events if e.get("event") == ev.WatchStarted.KIND}
             done = {e.get("node") for e in events if e.get("event") == ev.WatchForensics.KIND}
             if watched <= done or time.monotonic() >= end:

@@ -159,9 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           ask_every=WATCH_ASK_EVERY, ask_at_once=False)
 
     def superseded() -> bool:
-        return any(e.get("event") == ev.PrologContext.KIND and e.get("source") == "root"
+        return any(e.get("event") == ev.PrologContext.KIND
                    and e.get("node") == args.node and int(e.get("attempt", 0)) > args.attempt
-                   for e in state.events())
+                   for e in state.events(root_only=True))
 
     def on_fault(faults: list[Fault]) -> None:
         reason = faults[0].reason
