@@ -156,7 +156,8 @@ class _FakeNvmlEvents:
 
 
 def test_the_xid_event_api_is_the_source_where_a_gpu_delivers_it(tmp_path: Path) -> None:
-    from wrapper.gpu.nvml import XidListener, merged_xids
+    from wrapper.gpu.kmsg import node_xids
+    from wrapper.gpu.nvml import XidListener
 
     nv = _FakeNvmlEvents()
     listener = XidListener.open(nv)
@@ -170,9 +171,10 @@ def test_the_xid_event_api_is_the_source_where_a_gpu_delivers_it(tmp_path: Path)
     log = tmp_path / "kmsg"
     log.write_text("4,1,5000000,-;NVRM: Xid (PCI:0000:3b:00): 13, from the log\n"
                    "4,2,5000000,-;NVRM: Xid (PCI:0000:5d:00): 63, from the log\n")
-    found = merged_xids(listener, str(log), 1e9)
+    found = node_xids(str(log), 1e9, listener)
     assert found == {"0000:3b:00": [79, 48], "0000:5d:00": [63]}
-    assert merged_xids(listener, str(log), 1e9)["0000:3b:00"] == [79, 48]  # kept
+    assert node_xids(str(log), 1e9, listener)["0000:3b:00"] == [79, 48]  # kept
+    assert node_xids(str(tmp_path / "none"), 1e9) is None
     nv.lost = True
     with pytest.raises(ProbeError) as info:
         listener.poll()

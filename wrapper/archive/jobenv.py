@@ -50,6 +50,10 @@ def _cut(value: str) -> str:
     return value[:MAX_VALUE]
 
 
+def _is_container(name: str) -> bool:
+    return name in CONTAINER_NAMES or name.startswith(CONTAINER_PREFIXES) or PYXIS_OPTION in name
+
+
 def _split(value: str) -> list[str]:
     return [_cut(v) for v in value.split(":") if v][:MAX_ITEMS]
 
@@ -57,8 +61,7 @@ def _split(value: str) -> list[str]:
 def claims(env: Mapping[str, str]) -> dict[str, Any]:
     """(The job's user, in the task-prolog.) Where the job's environment came from."""
     container = {name: _cut(value) for name, value in sorted(env.items())
-                 if name in CONTAINER_NAMES or name.startswith(CONTAINER_PREFIXES)
-                 or PYXIS_OPTION in name}
+                 if _is_container(name)}
     seeds = {name: _cut(value) for name, value in sorted(env.items())
              if SEED_NAME.fullmatch(name)}
     python = None
@@ -114,9 +117,7 @@ def sanitize(found: Mapping[str, Any]) -> dict[str, Any]:
         "modules": _texts(found.get("modules")),
         "module_files": _texts(found.get("module_files")),
         "container": {k: _cut(v) for k, v in list(container.items())[:MAX_ITEMS]
-                      if isinstance(k, str) and isinstance(v, str)
-                      and (k in CONTAINER_NAMES or k.startswith(CONTAINER_PREFIXES)
-                           or PYXIS_OPTION in k)}
+                      if isinstance(k, str) and isinstance(v, str) and _is_container(k)}
         if isinstance(container, Mapping) else {},
         "conda": {"prefix": _text(conda.get("prefix")) or "",
                   "env": _text(conda.get("env")) or ""}

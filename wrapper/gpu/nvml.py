@@ -180,7 +180,9 @@ class NvmlProbe:
     def _recent_xids(self) -> dict[str, list[int]] | None:
         if self.config.xid_source != "kmsg":
             return None
-        return merged_xids(self.listener, self.config.kmsg_path, self.config.xid_window)
+        from wrapper.gpu.kmsg import node_xids
+
+        return node_xids(self.config.kmsg_path, self.config.xid_window, self.listener)
 
     def _read(self, nv: Any, index: int, wanted: frozenset[str],
               xids: dict[str, list[int]] | None) -> GpuReading:
@@ -316,35 +318,6 @@ class NvmlProbe:
 def _present(nv: Any, *names: str) -> list[Callable[..., Any]]:
     """The functions of ``names`` this pynvml has, newest first."""
     return [fn for fn in (getattr(nv, name, None) for name in names) if fn is not None]
-
-
-def merged_xids(listener: XidListener | None, kmsg_path: str,
-                window: float) -> dict[str, list[int]] | None:
-    """The Xids of the node's GPUs: the event API's for the GPUs a listener covers, the
-    kernel log's for the others; None when neither can be read."""
-    from wrapper.gpu import kmsg
-
-    try:
-        kernel: dict[str, list[int]] | None = kmsg.recent_xids(kmsg_path, window)
-    except OSError:
-        # Not root, or a container without the kernel log: the Xid check reports the
-        # events as not available rather than failing every other check.
-        kernel = None
-    if listener is None:
-        return kernel
-    try:
-        found = listener.poll()
-    except ProbeError as exc:
-        # NVML's events failed (a lost GPU answers so): the kernel log this time, and
-        # the probe's own reads say what is wrong with the GPU
-        from wrapper import log
-
-        log.get().warning("gpu.xid_events_unreadable", error=str(exc))
-        return kernel
-    for key, codes in (kernel or {}).items():
-        if not listener.covers(key):
-            found[key] = codes
-    return found
 
 
 def open_xid_listener(config: GpuConfig) -> XidListener | None:
