@@ -22,10 +22,11 @@ and by root's hooks, so reading it is bounded and linear whatever it holds:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any
 
 from wrapper.errors import UserInputError
+from wrapper.lean import dataclass
 
 PREFIX = "#JOBWRAP"
 HEADER_BYTES = 256 * 1024

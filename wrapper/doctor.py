@@ -18,7 +18,7 @@ import re
 import stat
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import click
 from wrapper import __version__
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, CommandError, CommandTimeout
+from wrapper.lean import dataclass
 from wrapper.runner import Runner
 from wrapper.slurm.conf import DEFAULT_SLURM_CONF, SlurmConf, parse_slurm_conf
 

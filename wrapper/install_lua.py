@@ -11,7 +11,7 @@ import os
 import re
 import signal
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import click
 
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
+from wrapper.lean import dataclass
 
 PLUGIN_NAME = "job_submit.lua"
 SITE_BEGIN = "-- BEGIN SITE"

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from wrapper.directives import JobOptions, parse_script
 from wrapper.errors import JobwrapError, UserInputError
 from wrapper.job.paths import RECORD as RECORD
+from wrapper.lean import dataclass
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState

@@ -39,11 +39,12 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from wrapper.config import MetricsConfig
 from wrapper.errors import JobwrapError
+from wrapper.lean import dataclass
 
 Labels = tuple[tuple[str, str], ...]
 TYPES = ("counter", "gauge", "untyped")

@@ -15,12 +15,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import FrameType
 
 from wrapper import log
 from wrapper.config import Config
 from wrapper.directives import JobOptions
+from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
 from wrapper.restart.classify import Evidence, classify
 from wrapper.restart.policy import PastAttempt, decide

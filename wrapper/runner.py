@@ -11,9 +11,9 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from wrapper.errors import CommandError, CommandTimeout
+from wrapper.lean import dataclass
 
 
 @dataclass(frozen=True)

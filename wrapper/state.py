@@ -28,13 +28,13 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wrapper.errors import StateError
 from wrapper.job.paths import EVENTS, JOB_ID, JobPaths
 from wrapper.job.paths import USER_EVENTS as USER_EVENTS
+from wrapper.lean import dataclass
 from wrapper.osl import files, jsontext
 
 if TYPE_CHECKING:

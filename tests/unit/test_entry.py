@@ -105,3 +105,73 @@ def test_only_a_bare_hook_name_skips_click() -> None:
     assert [hook_of([h]) for h in ("prolog", "epilog", "task-prolog")] == \
         ["prolog", "epilog", "task-prolog"]
     assert hook_of([]) is None and hook_of(["supervise"]) is None
+
+
+# The prolog's whole body, in a fresh interpreter, with Slurm and the GPUs behind their
+# seams (FakeSlurm, the fake probe) and the watcher's spawn recorded: every module it
+# loaded is printed.
+PROLOG_BODY = """
+import io, json, os, sys
+from pathlib import Path
+base = set(sys.modules)
+from wrapper import config
+from wrapper.hooks import Services, run_hook
+from wrapper.gpu.fake import FakeProbe, parse_inventory
+from wrapper.slurm.fake import FakeSlurm
+config_path, inventory_path, env = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+cfg = config.load(config_path, env)
+slurm = FakeSlurm(jobs={"31": {"JobId": "31", "JobState": "RUNNING", "WorkDir": "/tmp"}},
+                  scripts={"31": "#!/bin/bash\\ntrue\\n"},
+                  nodes={"n1": {"NodeName": "n1", "Gres": "gpu:4"}})
+inventory = parse_inventory(Path(inventory_path).read_bytes(), "<n1>")
+spawned = []
+services = Services(cfg, slurm_factory=lambda: slurm,
+                    probe_factory=lambda node: FakeProbe(inventory, "<n1>"),
+                    spawn=spawned.append)
+code = run_hook("prolog", config_path=config_path, env=env, out=io.StringIO(),
+                services=services)
+print(json.dumps({"code": code, "spawned": len(spawned),
+                  "loaded": sorted(set(sys.modules) - base)}))
+"""
+
+# What a quiet prolog (nothing to stage, a healthy node) needs, beyond the entry point.
+PROLOG_MODULES = {
+    "wrapper", "wrapper.config", "wrapper.detach", "wrapper.directives", "wrapper.errors",
+    "wrapper.gpu", "wrapper.gpu.checks", "wrapper.gpu.probe", "wrapper.gpu.report",
+    "wrapper.gpu.versions", "wrapper.gpu.xid", "wrapper.hooks", "wrapper.hooks.health",
+    "wrapper.hooks.prolog", "wrapper.hooks.staging", "wrapper.job", "wrapper.job.events",
+    "wrapper.job.paths", "wrapper.job.store", "wrapper.jobrecord", "wrapper.lean",
+    "wrapper.log", "wrapper.metrics", "wrapper.osl", "wrapper.osl.files",
+    "wrapper.osl.jsontext", "wrapper.osl.users", "wrapper.restart", "wrapper.restart.resume",
+    "wrapper.runner", "wrapper.slurm", "wrapper.slurm.commands", "wrapper.slurm.context",
+    "wrapper.slurm.parse", "wrapper.slurm.records", "wrapper.staging",
+    "wrapper.staging.errors", "wrapper.staging.fdtree", "wrapper.staging.scratch",
+    "wrapper.state", "wrapper.watch", "wrapper.watch.feed", "wrapper.watch.process",
+}
+# Loaded by the test's own fakes and set-up, not by the prolog.
+HARNESS = {"wrapper.gpu.fake", "wrapper.slurm.fake"}
+# Never on a quiet prolog's path: each was there once and cost it milliseconds.
+NEVER = ("click", "structlog", "asyncio", "ssl", "shutil", "ctypes", "socket", "bz2",
+         "lzma", "tarfile", "zipfile", "sqlite3", "logging", "email", "http", "pynvml",
+         "psutil", "wrapper.staging.copy", "wrapper.staging.cache", "wrapper.staging.channel",
+         "wrapper.staging.privileges", "wrapper.osl.child", "wrapper.archive",
+         "wrapper.checkpoints", "wrapper.goodput", "wrapper.restart.classify",
+         "wrapper.restart.policy", "wrapper.supervisor.monitor", "wrapper.cli")
+
+
+def test_a_quiet_prolog_loads_only_what_it_uses(site: dict[str, Path], tmp_path: Path) -> None:
+    """The prolog-overhead budget, kept: a module that joins the quiet prolog's path must
+    be added here on purpose (and measured with ``tests/bench/run prolog-overhead``)."""
+    (tmp_path / "scratch").mkdir()
+    with site["config"].open("a") as handle:
+        handle.write(f'[metrics]\ntextfile = "{tmp_path}/jobwrap.prom"\n')
+    res = subprocess.run([sys.executable, "-c", PROLOG_BODY, str(site["config"]),
+                          str(FIXTURES / "healthy-4.toml"), json.dumps(slurm_env("prolog"))],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert (out["code"], out["spawned"]) == (0, 1)  # it ran to the end: the watcher
+    loaded = set(out["loaded"])
+    assert {m for m in loaded if m.split(".")[0] == "wrapper"} - HARNESS == PROLOG_MODULES
+    assert sorted(m for m in loaded if m.split(".")[0] in NEVER or m.startswith(
+        tuple(n + "." for n in NEVER) + tuple(n for n in NEVER if "." in n))) == []

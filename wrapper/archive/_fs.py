@@ -15,10 +15,10 @@ import secrets
 import shutil
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from wrapper.errors import JobwrapError
+from wrapper.lean import dataclass
 from wrapper.osl import files
 from wrapper.osl.files import acl_bytes
 

@@ -17,7 +17,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from wrapper.config import ArchiveConfig, Config
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
 from wrapper.jobrecord import JobRecord
+from wrapper.lean import dataclass
 from wrapper.osl.users import UserIds
 from wrapper.state import JobState
 

@@ -35,12 +35,13 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from wrapper.archive._fs import Access, create_file
 from wrapper.errors import JobwrapError
 from wrapper.job.paths import SUPERVISOR_LOG
+from wrapper.lean import dataclass
 from wrapper.osl import jsontext
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds

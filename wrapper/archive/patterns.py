@@ -29,7 +29,8 @@ the job's work dir.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+
+from wrapper.lean import dataclass
 
 NO_VAL = 4294967294  # what Slurm prints for %a outside a job array
 _FIELDS = frozenset("AabjJNnstux")

@@ -20,10 +20,11 @@ import itertools
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, field, fields
 from typing import Any
 
 from wrapper.job import events as ev
+from wrapper.lean import dataclass
 from wrapper.state import JobState
 
 RUNNING = "running"  # no sign of its end yet

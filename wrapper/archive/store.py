@@ -39,7 +39,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from wrapper.archive._fs import (
@@ -59,6 +59,7 @@ from wrapper.archive._fs import (
     write_json_atomic,
 )
 from wrapper.archive.manifest import MANIFEST
+from wrapper.lean import dataclass
 
 PART = "part.json"
 STALE_TEMP_S = 86400.0  # a temporary folder this old is an epilog that died

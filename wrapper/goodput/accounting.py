@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import TYPE_CHECKING, Any
+
+from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.archive.status import AttemptSummary

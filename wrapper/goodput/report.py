@@ -18,10 +18,11 @@ is listed as flaky at ``FLAKY_SCORE`` or more with at least two such failures.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from wrapper.goodput.accounting import RUNNING_CLASS, SUCCESS, Ledger
+from wrapper.lean import dataclass
 
 # The only classes that count against a node: both come from root's facts alone
 # (root's GPU probe or node watcher; Slurm's NODE_FAIL), never from the job's output.

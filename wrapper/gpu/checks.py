@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from wrapper.gpu import xid as xid_table
 from wrapper.gpu.probe import GpuReading
+from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config

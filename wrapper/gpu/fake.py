@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wrapper.gpu.probe import (
@@ -42,6 +41,7 @@ from wrapper.gpu.probe import (
     field_kind,
     normalise_pci_bus_id,
 )
+from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import GpuConfig

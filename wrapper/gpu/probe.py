@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from wrapper.errors import EXIT_BROKEN, EXIT_UNHEALTHY, JobwrapError
+from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import GpuConfig

@@ -22,7 +22,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 # Importing the modules registers their checks, in the order they appear in a report.
@@ -39,6 +38,7 @@ from wrapper.gpu.checks import (
     worst,
 )
 from wrapper.gpu.probe import GpuReading, Probe, ProbeError
+from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config

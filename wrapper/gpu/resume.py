@@ -8,8 +8,8 @@ in maintenance or waiting for a reboot, is left for a person.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from wrapper.lean import dataclass
 from wrapper.slurm.commands import DRAIN_PREFIX
 
 _DRAIN_FLAGS = {"DRAIN", "DRAINED", "DRAINING"}

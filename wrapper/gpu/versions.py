@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from wrapper.errors import CommandError
 from wrapper.gpu.checks import CheckInput, CheckResult, node_result, register
+from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config

@@ -15,8 +15,9 @@ event alone does not take a node out of service.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Literal
+
+from wrapper.lean import dataclass
 
 XidAction = Literal["drain", "warn", "app", "ignore"]
 

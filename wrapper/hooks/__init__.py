@@ -12,13 +12,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, TextIO
 
 from wrapper import config as config_mod
 from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import EXIT_BROKEN, EXIT_OK, EXIT_UNHEALTHY, ConfigError, JobwrapError
+from wrapper.lean import dataclass
 from wrapper.slurm.context import JobContext, from_env
 
 if TYPE_CHECKING:

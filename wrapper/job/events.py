@@ -17,17 +17,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-if TYPE_CHECKING:
-    from dataclasses import dataclass
-else:
-    def dataclass(*, frozen: bool = True) -> Callable[[type], type]:
-        """``dataclasses.dataclass`` without its generated ``__eq__``, ``__repr__``,
-        ``__hash__`` and frozen ``__setattr__``, which ``Event`` provides once for every
-        kind: generating them for ~45 kinds cost every hook (the prolog's start path)
-        about 25 ms of import. Type checkers see the real decorator."""
-        return dataclasses.dataclass(eq=False, repr=False)
+from wrapper.lean import dataclass  # ~45 kinds: no generated code (see wrapper.lean)
 
 REGISTRY: dict[str, type[Event]] = {}
 E = TypeVar("E", bound="Event")
@@ -58,35 +50,6 @@ class Event:
     ts: float = field(default=0.0, compare=False)
     source: str = field(default="root", compare=False)  # "root" or "user": the file it is in
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
-
-    # Frozen, equal by value (``compare`` fields), hashable and printable like a frozen
-    # dataclass, written once here (see ``dataclass`` above).
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_sealed", True)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if self.__dict__.get("_sealed"):
-            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
-
-    def _key(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.compare)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash((self.__class__, self._key()))
-
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
-                          for f in dataclasses.fields(self) if f.repr)
-        return f"{self.__class__.__qualname__}({shown})"
 
     def encode(self) -> dict[str, Any]:
         """The fields to write (without ``ts``, which the store adds, and ``source``)."""

@@ -15,9 +15,10 @@ And on each node the job's scratch, ``<scratch_root>/<jobid>``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config

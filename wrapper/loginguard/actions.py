@@ -13,13 +13,14 @@ import signal
 import stat
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from wrapper.errors import CommandError
+from wrapper.lean import dataclass
 from wrapper.loginguard.rules import Finding, ProcRef
 from wrapper.loginguard.state import ActionRecord, PendingKill, Reniced, Throttle
 from wrapper.runner import Runner

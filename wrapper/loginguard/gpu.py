@@ -8,12 +8,13 @@ small TOML file of pids (tests, dry runs).
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Protocol
 
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
+from wrapper.lean import dataclass
 
 
 class GpuProbeError(JobwrapError):

@@ -18,7 +18,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import psutil
 
 from wrapper import log as jlog
 from wrapper.config import Config
+from wrapper.lean import dataclass
 from wrapper.loginguard.actions import Actions
 from wrapper.loginguard.gpu import GpuPidSource, GpuProbeError, gpu_pid_source
 from wrapper.loginguard.rules import TITLES, Finding, Policy, ProcRef, evaluate

@@ -13,10 +13,11 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from wrapper.config import LoginGuardConfig
 from wrapper.errors import ConfigError
+from wrapper.lean import dataclass
 
 KINDS = ("cpu", "memory", "gpu", "ai")
 STEPS = ("warn", "throttle", "terminate")

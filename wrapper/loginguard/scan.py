@@ -42,10 +42,11 @@ import resource
 import time
 import weakref
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import psutil
 
+from wrapper.lean import dataclass
 from wrapper.loginguard.rules import Policy, ProcessSample, Snapshot, is_python
 from wrapper.loginguard.trust import ENVIRON_MAX, Trust
 

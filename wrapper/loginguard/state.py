@@ -15,11 +15,12 @@ import json
 import os
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from wrapper.errors import StateError
+from wrapper.lean import dataclass
 
 STATE_FILE = "state.json"
 LOCK_FILE = "guard.lock"

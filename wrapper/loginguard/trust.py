@@ -32,7 +32,9 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from wrapper.lean import dataclass
 
 # A folder's or file's ownership rarely changes; look again at least this often.
 _CACHE_SECONDS = 300.0

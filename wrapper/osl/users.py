@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pwd
-from dataclasses import dataclass
 
 from wrapper.errors import JobwrapError
+from wrapper.lean import dataclass
 
 _PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
 
@@ -89,6 +88,8 @@ def drop_to(user: UserIds) -> None:
 
 def not_dumpable() -> None:
     """Keep the user's other processes from ptrace or /proc/<pid>/fd of this one."""
+    import ctypes  # only where a hook acts as the user: not on the quiet prolog's path
+
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or \
             libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:

@@ -14,9 +14,10 @@ the attempt is judged on the rest, and the detail says the report was not confir
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from wrapper.job.events import GpuFault, Hang
+from wrapper.lean import dataclass
 
 # Classes, and whether a retry can help at all (the policy decides whether it will).
 SUCCESS = "success"

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 from wrapper import log
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
+from wrapper.lean import dataclass
 from wrapper.restart import signals as outcome_signals
 from wrapper.restart.classify import Evidence, reports_gpu_fault
 from wrapper.restart.policy import PastAttempt

@@ -16,8 +16,9 @@ it, before the same-error and no-progress rules may stop it (the restart limit a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from wrapper.lean import dataclass
 from wrapper.restart.classify import (
     CANCELLED,
     HARDWARE,

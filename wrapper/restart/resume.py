@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.checkpoints import Checkpoint

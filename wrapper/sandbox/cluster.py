@@ -21,11 +21,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
 
 from wrapper.errors import JobwrapError
+from wrapper.lean import dataclass
 from wrapper.runner import Runner
 from wrapper.sandbox import flavor
 

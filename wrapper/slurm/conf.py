@@ -9,8 +9,10 @@ import glob
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from wrapper.lean import dataclass
 
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 # Lines that declare things (nodes, partitions) rather than set the cluster's parameters.

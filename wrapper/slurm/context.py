@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from wrapper.errors import NotUnderSlurm
+from wrapper.lean import dataclass
 from wrapper.slurm.parse import expand_hostlist, parse_exit_pair, parse_index_list
 
 HOOKS = ("prolog", "epilog", "task-prolog")

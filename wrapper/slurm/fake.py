@@ -8,9 +8,10 @@ A job it does not know raises SlurmError, as Slurm's commands would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from wrapper.errors import SlurmError
+from wrapper.lean import dataclass
 
 
 @dataclass

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from wrapper.errors import SlurmError
+from wrapper.lean import dataclass
 from wrapper.slurm.parse import parse_exit_pair
 
 HEAD_KEYS = ("ArrayJobId", "ArrayTaskId", "ArrayTaskThrottle", "HetJobId", "HetJobOffset",

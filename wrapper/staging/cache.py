@@ -45,12 +45,13 @@ import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wrapper.errors import UserInputError
+from wrapper.lean import dataclass
 from wrapper.staging.copy import (
     Meter,
     TreeResult,

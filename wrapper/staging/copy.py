@@ -24,9 +24,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from wrapper.errors import UserInputError
+from wrapper.lean import dataclass
 from wrapper.staging.errors import NoSpaceError, StagingError
 from wrapper.staging.fdtree import DirTree
 from wrapper.staging.report import Progress, format_bytes

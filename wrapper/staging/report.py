@@ -7,9 +7,10 @@ sends is never trusted more than the user it runs as.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
+from wrapper.lean import dataclass
 from wrapper.staging.errors import StagingError
 
 

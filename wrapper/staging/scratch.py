@@ -23,12 +23,16 @@ import errno
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from wrapper.lean import dataclass
 from wrapper.staging.errors import StagingError
 from wrapper.staging.fdtree import DIR_FLAGS, open_dir, raise_fd_limit
-from wrapper.staging.privileges import UserIds
+
+if TYPE_CHECKING:
+    from wrapper.osl.users import UserIds
 
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
 SCRATCH_MODE = 0o700

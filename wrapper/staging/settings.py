@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from wrapper.lean import dataclass
 from wrapper.staging.copy import VERIFY_CHOICES
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from dataclasses import dataclass
 
 from wrapper.errors import UserInputError
+from wrapper.lean import dataclass
 
 UNPACK = "unpack"
 MAX_PATH_BYTES = 4095  # PATH_MAX less the terminating NUL

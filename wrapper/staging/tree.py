@@ -12,10 +12,10 @@ import errno
 import hashlib
 import os
 import stat
-from dataclasses import dataclass
 from typing import Any
 
 from wrapper.errors import UserInputError
+from wrapper.lean import dataclass
 from wrapper.staging.errors import StagingError
 from wrapper.staging.fdtree import DIR_FLAGS, FILE_READ_FLAGS, DirTree
 from wrapper.staging.spec import MAX_NAME_BYTES

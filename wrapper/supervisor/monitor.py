@@ -22,13 +22,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from wrapper import log
 from wrapper.config import SupervisorConfig
 from wrapper.job import events as ev
 from wrapper.jobrecord import JobRecord
+from wrapper.lean import dataclass
 from wrapper.state import JobState
 
 RUNNING = {"RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED"}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from wrapper import log
+from wrapper.lean import dataclass
 
 RUNNING = {"RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED", "COMPLETING"}
 
