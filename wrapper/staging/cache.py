@@ -23,6 +23,17 @@ Layout under ``<cache_root>`` (root's, mode 0700; nothing in it is reachable by 
   unlink its link, never change the cache. Where the cache and scratch are different
   file systems (or with ``cache_link = "copy"``) the files are copied instead, and then
   belong to the user.
+* The first job of a dataset pays one copy, not two walks: where its scratch would get
+  hard links (same file system, ``cache_link = "hardlink"``), ``fill`` links each file
+  into scratch right after copying it into the entry and checking it (``Placement``).
+  The link is the same root-owned 0444 inode a later ``place`` links, taken by name from
+  the entry root holds exclusively in its private folder, so the protection is the
+  same; scratch folders stay root's, 0700, until full. The marker is still written only
+  after the ``syncfs``; a fill that fails drops its entry and takes its links back out
+  of scratch (ENOSPC then still falls back to the worker's own copy).
+* A fill is pipelined: the worker sends descriptors in batches of one folder, the hook
+  answers each on receipt (the worker opens the next meanwhile) and copies a folder's
+  files in order on one thread, folders in parallel (``copy.copy_batches``).
 * Least recently used entries (the marker's mtime is touched on every use) are evicted
   so the cache stays under its cap; an entry in use (its lock held) is never evicted. A
   dataset larger than the cap, or than the free space, is staged without the cache.

@@ -6,8 +6,11 @@ The conversation, per directive, when a cache is used::
     worker -> hook   cache {index, manifest} + the source's descriptor
                                                   (every file opened once: readable)
     hook -> worker   send | direct                (miss | cannot cache: copy yourself)
-    worker -> hook   fds {paths} + descriptors    (batches; the hook copies, answers more,
-                                                  or direct when the cache is full)
+    worker -> hook   fds {paths} + descriptors    (batches of one folder; the hook answers
+                                                  more on receipt and copies meanwhile,
+                                                  linking each file into scratch when
+                                                  scratch takes hard links, or answers
+                                                  direct when the cache is full)
     worker -> hook   fds-end
     hook -> worker   placed | unpack + descriptor (hook linked it | unpack the archive)
                      | direct                     (the cache is full: copy yourself)
