@@ -320,9 +320,9 @@ class Cache:
               meter: Meter | None = None, place: Placement | None = None) -> dict[str, str]:
         if self.key_mode == "sha256":
             verify = "sha256"  # the key promises content: check the bytes against it
+        target = _Target(place, manifest) if place is not None else None
         entry_fd = os.open(claim.key, DIR_FLAGS, dir_fd=self._dir("entries"))
         tree = None
-        target = _Target(place, manifest) if place is not None else None
         try:
             if manifest.kind == DIR:
                 with contextlib.suppress(FileExistsError):
