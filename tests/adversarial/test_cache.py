@@ -171,3 +171,49 @@ def test_a_fill_that_finds_the_disk_full_drops_its_entry(area: Path) -> None:
                     cache.fill(claim, manifest, batches, verify="size", parallel=2)
                 filler.unlink()
         assert cache.entries() == [] and os.listdir(root / "trash") == []
+
+
+# -- the one-pass first stage: the cache and scratch on one file system ----------------------
+
+
+def test_the_first_jobs_links_are_the_caches_read_only_inodes(area: Path,
+                                                               user: UserIds) -> None:
+    # The first job's files are hard links made while the cache was filled: the user
+    # can read them, and can neither write, truncate, chmod nor re-link them elsewhere
+    # to keep a writable name; only its own link can be removed or renamed.
+    source = small_files(area / "shared" / "ro", 20, 10240)
+    cache = Cache(area / "cache", max_bytes=64 * MIB)
+    scratch = prepare_scratch(area / "scratch", "720", user)
+    report = copy_in([parse_stage_in(f"{source}:data")], scratch=scratch, user=user,
+                     cache=cache, settings=SETTINGS, timeout=120)
+    assert report.items[0].cache_hit is False
+    linked = scratch / "data" / "f0000"
+    info = linked.lstat()
+    assert (info.st_uid, info.st_nlink, info.st_mode & 0o7777) == (0, 2, 0o444)
+    before = linked.read_bytes()
+    assert before == (source / "f0000").read_bytes()
+    script = """
+import os, sys
+path, other = sys.argv[1:]
+out = []
+for name, act in [("write", lambda: open(path, "r+b")), ("truncate", lambda: os.truncate(path, 0)),
+                  ("chmod", lambda: os.chmod(path, 0o666)), ("link", lambda: os.link(path, other))]:
+    try:
+        act()
+        out.append(name + ":ok")
+    except OSError as exc:
+        out.append(name + ":" + type(exc).__name__)
+print(" ".join(out))
+"""
+    other = scratch / "data" / "mine"
+    done = subprocess.run([sys.executable, "-I", "-c", script, str(linked), str(other)],
+                          user=user.uid, group=user.gid, extra_groups=[], check=True,
+                          capture_output=True, text=True, cwd="/")
+    # (a link may be allowed where protected_hardlinks is off; it shares the read-only
+    # inode then, and still cannot write it)
+    words = dict(w.split(":") for w in done.stdout.split())
+    assert (words["write"], words["truncate"], words["chmod"]) == ("PermissionError",) * 3
+    assert linked.read_bytes() == before
+    [entry] = cache.entries()
+    cached = cache.root / "entries" / entry.key / "data" / "f0000"
+    assert cached.read_bytes() == before and os.stat(cached).st_ino == info.st_ino

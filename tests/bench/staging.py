@@ -5,6 +5,10 @@
 * stage-small: 20,000 files of 10 KiB (100 folders of 200, as sharded datasets come);
   goal: at least 3 times the speed of ``rsync -a``, and at least the speed of ``cp -r``
   (the kernel's own per-file floor, one file at a time), both anchors in the same run.
+  The first stage through the node cache (``[staging] cache = true``, the default: it
+  fills the cache and links into scratch) runs in the same rotation and has its own
+  goal, the last lines: at least 3 times ``rsync -a`` and 1.5 times ``cp -r``. The
+  re-stage from the warm cache is reported too.
 * stage-cached: re-staging the 1 GiB set from the node cache, against its first copy
   (which fills the cache); goal: at least 20 times faster.
 
@@ -135,16 +139,11 @@ def small_main() -> int:
     _need("cp")
     with _workspace("small") as base:
         source = _small_dataset(base / "ds")
-        ours, rsync, cp = _rotate(
-            [lambda: _stage(base, source),
-             _tool(lambda out: ["rsync", "-a", f"{source}/", f"{out}/"], base, "rsync"),
-             _tool(lambda out: ["cp", "-r", str(source), str(out)], base, "cp")],
-            rounds=7, warmup=1)
         # The default configuration stages through the node cache: the first job fills
-        # it (root copies from the worker's descriptors), the next one links from it.
+        # it (root copies from the worker's descriptors and links each file into
+        # scratch), the next one links from it. The first stage is what a new dataset
+        # costs by default, so it runs in the same rotation as its anchors.
         caches = itertools.count()
-        warm = Cache(base / "cache-warm", max_bytes=4 << 30)
-        _stage(base, source, warm)
 
         def first_copy() -> float:
             fresh = Cache(base / f"cache-{next(caches)}", max_bytes=4 << 30)
@@ -152,16 +151,25 @@ def small_main() -> int:
             fresh.close()
             return seconds
 
-        first, cached = _rotate([first_copy, lambda: _stage(base, source, warm)], rounds=3,
-                                warmup=0)
+        ours, rsync, cp, first = _rotate(
+            [lambda: _stage(base, source),
+             _tool(lambda out: ["rsync", "-a", f"{source}/", f"{out}/"], base, "rsync"),
+             _tool(lambda out: ["cp", "-r", str(source), str(out)], base, "cp"),
+             first_copy],
+            rounds=7, warmup=1)
+        warm = Cache(base / "cache-warm", max_bytes=4 << 30)
+        _stage(base, source, warm)
+        [cached] = _rotate([lambda: _stage(base, source, warm)], rounds=3, warmup=0)
         warm.close()
     print(f"stage-small: 20,000 files of 10 KiB: jobwrap {ours:.2f} s, rsync -a {rsync:.2f} s, "
           f"cp -r {cp:.2f} s (medians)")
-    print(f"stage-small through the node cache: first stage {first:.2f} s "
-          f"({rsync / first:.2f}x rsync -a), cached {cached:.2f} s ({first / cached:.1f}x the "
-          "first) (medians)")
+    print(f"stage-small through the node cache (the default): first stage {first:.2f} s "
+          f"({rsync / first:.2f}x rsync -a, {cp / first:.2f}x cp -r), re-stage {cached:.2f} s "
+          f"({first / cached:.1f}x the first) (medians)")
     return max(verdict("stage-small", "ratio_vs_cp", cp / ours, ">=", 1),
-               verdict("stage-small", "ratio_vs_rsync", rsync / ours, ">=", 3))
+               verdict("stage-small", "ratio_vs_rsync", rsync / ours, ">=", 3),
+               verdict("stage-small", "cached_first_vs_cp", cp / first, ">=", 1.5),
+               verdict("stage-small", "cached_first_vs_rsync", rsync / first, ">=", 3))
 
 
 def cached_main() -> int:

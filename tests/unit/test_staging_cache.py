@@ -330,3 +330,74 @@ def test_the_cache_from_the_config() -> None:
     cache = Cache.from_config("/x", StagingConfig(cache_max_gib=0.5, cache_link="copy"))
     assert cache is not None
     assert (cache.max_bytes, cache.link, cache.key_mode) == (512 * MIB, "copy", "stat")
+
+
+def test_the_first_job_is_linked_to_the_cache_in_one_pass(jobs: Jobs, dataset: Path,
+                                                          cache: Cache, user: UserIds) -> None:
+    scratch, item = jobs.stage(f"{dataset}:data", cache)
+    assert item.cache_hit is False and item.files == 6
+    [entry] = cache.entries()
+    cached = cache.root / "entries" / entry.key / "data"
+    for name in ("a.txt", "sub/big.bin", "sub/deep/empty", "run.sh"):
+        mine, theirs = os.stat(scratch / "data" / name), os.stat(cached / name)
+        assert (mine.st_ino, mine.st_nlink, mine.st_uid) == (theirs.st_ino, 2, 0), name
+    assert digest(scratch / "data", modes=False) == digest(dataset, modes=False)
+    for folder in (scratch / "data", scratch / "data" / "sub", scratch / "data" / "empty-dir"):
+        assert os.stat(folder).st_uid == user.uid
+
+
+def _full_at(count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root's cache copies run out of space at the ``count``-th file (the worker's own
+    copies, made with the user's rights, do not)."""
+    from wrapper.staging import copy as engine
+
+    real = engine.write_file
+    calls = [0]
+
+    def write_file(*args: Any, **kwargs: Any) -> Any:
+        if os.geteuid() == 0:
+            calls[0] += 1
+            if calls[0] == count:
+                raise engine.write_error("x", OSError(28, "No space left on device"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "write_file", write_file)
+
+
+@pytest.mark.parametrize("dest", ["data", "."])
+def test_a_one_pass_fill_that_finds_the_disk_full_takes_back_its_links(
+        jobs: Jobs, area: Path, cache: Cache, user: UserIds, dest: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 450 files in three folders; the cache fills up in the third. The links already
+    # placed are taken back, the cache is bypassed, and the worker's own copy lands in
+    # the same place (into a DEST made here, or straight into scratch).
+    source = area / "shared" / "many"
+    for d in range(3):
+        (source / f"part-{d}").mkdir(parents=True)
+        for f in range(150):
+            (source / f"part-{d}" / f"s{f:03d}").write_bytes(os.urandom(100))
+    _full_at(400, monkeypatch)
+    scratch, item = jobs.stage(f"{source}:{dest}", cache)
+    assert item.cache_hit is None and item.files == 450
+    staged = scratch / "data" if dest == "data" else scratch
+    assert digest(staged, modes=False) == digest(source, modes=False)
+    for path in staged.rglob("s*"):
+        info = path.lstat()
+        assert (info.st_uid, info.st_nlink) == (user.uid, 1), path  # the user's own copy
+    assert cache.entries() == []
+
+
+def test_a_one_pass_fill_that_fails_for_the_job_leaves_neither_links_nor_entry(
+        jobs: Jobs, dataset: Path, area: Path, cache: Cache) -> None:
+    other = make_dataset(area / "shared" / "other")
+    (other / "sub" / "big.bin").write_bytes(b"another")
+    scratch = jobs.scratch()
+    (scratch / "mine").mkdir()
+    with pytest.raises(UserInputError, match="already exists"):
+        stage_in([parse_stage_in(f"{dataset}:."), parse_stage_in(f"{other}:.")],
+                 scratch=scratch, user=jobs.user, cache=cache, settings=SETTINGS, timeout=120)
+    # the first directive's data stays (the stage failed: the job does not start); the
+    # second's partial links are gone, and its half-filled entry with them
+    assert [e.complete for e in cache.entries()] == [True]
+    assert sorted(os.listdir(scratch)) == sorted(["mine", *os.listdir(dataset)])
+    assert (scratch / "sub" / "big.bin").read_bytes() == (dataset / "sub" / "big.bin").read_bytes()

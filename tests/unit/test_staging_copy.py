@@ -333,3 +333,89 @@ def test_sync_filesystem_syncs_one_file_system_and_reports_errors(tmp_path: Path
     with pytest.raises(OSError) as caught:
         engine.sync_filesystem(fd)  # closed: the kernel's error comes back, not silence
     assert caught.value.errno == errno.EBADF
+
+
+def test_descriptor_batches_hold_one_folder_each() -> None:
+    from wrapper.staging.stagein import _BATCH, _folder_batches
+
+    files = [Entry(f"a/{i}", "file") for i in range(_BATCH + 5)] + [
+        Entry("b/x", "file"), Entry("top", "file"), Entry("c/d/y", "file")]
+    batches = [[e.path for e in b] for b in _folder_batches(files)]
+    assert [len(b) for b in batches] == [_BATCH, 5, 1, 1, 1]
+    assert batches[2:] == [["b/x"], ["top"], ["c/d/y"]]
+    assert list(_folder_batches([])) == []
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_copy_batches_copies_by_folder_and_closes_every_descriptor(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    for d in "ab":
+        (source / d).mkdir(parents=True)
+        for i in range(30):
+            (source / d / f"{i:02d}").write_bytes(os.urandom(i * 100))
+    before = _open_fds()
+    with SourceTree(str(source)) as src:
+        files = src.manifest.files
+        out = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        (tmp_path / "out").mkdir()
+        tree = engine.DirTree(out)
+        for d in ("out/a", "out/b"):
+            tree.get(d)
+        result = engine.TreeResult()
+        seen: list[str] = []
+        batches = [[(e, src.open(e)) for e in files[i:i + 7]] for i in range(0, len(files), 7)]
+        engine.copy_batches(batches, tree, "out", result, verify="sha256", parallel=4,
+                            then=lambda e, c: seen.append(e.path), backlog=10)
+        tree.close()
+        os.close(out)
+    assert (result.files, sorted(seen)) == (60, sorted(e.path for e in files))
+    assert digest(tmp_path / "out", modes=False, mtimes=False) == digest(source, modes=False,
+                                                                         mtimes=False)
+    # a folder's files are copied in order, by one thread at a time
+    assert [p for p in seen if p.startswith("a/")] == [f"a/{i:02d}" for i in range(30)]
+    assert _open_fds() == before
+
+
+def test_copy_batches_stops_at_the_first_failure_and_closes_the_rest(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    for i in range(40):
+        (source / f"{i:02d}").write_bytes(b"x" * i)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "05").write_bytes(b"in the way")
+    before = _open_fds()
+    with SourceTree(str(source)) as src:
+        out = os.open(tmp_path / "out", os.O_RDONLY | os.O_DIRECTORY)
+        tree = engine.DirTree(out)
+        batches = [[(e, src.open(e))] for e in src.manifest.files]
+        with pytest.raises(UserInputError, match="already exists"):
+            engine.copy_batches(iter(batches), tree, "", engine.TreeResult(), verify="size",
+                                parallel=2)
+        tree.close()
+        os.close(out)
+    assert _open_fds() == before
+
+
+def test_a_proven_scan_hands_out_the_descriptors_it_read(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in "abc":
+        (source / name).write_text(name)
+    monkeypatch.setattr(SourceTree, "KEEP_OPEN", 2)  # and no more than that
+    before = _open_fds()
+    with SourceTree(str(source), prove_read=True) as src:
+        a = next(e for e in src.manifest.files if e.path == "a")
+        scanned = (source / "a").stat().st_ino
+        (source / "a").rename(source / "a.old")  # replaced after the scan
+        (source / "a").write_text("not what was scanned")
+        fd = src.open(a)
+        try:
+            assert os.fstat(fd).st_ino == scanned  # the very file the scan read
+        finally:
+            os.close(fd)
+        assert len(_open_fds() - before) == 2  # the root, and one kept still
+    assert _open_fds() == before

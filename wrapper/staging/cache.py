@@ -23,6 +23,17 @@ Layout under ``<cache_root>`` (root's, mode 0700; nothing in it is reachable by 
   unlink its link, never change the cache. Where the cache and scratch are different
   file systems (or with ``cache_link = "copy"``) the files are copied instead, and then
   belong to the user.
+* The first job of a dataset pays one copy, not two walks: where its scratch would get
+  hard links (same file system, ``cache_link = "hardlink"``), ``fill`` links each file
+  into scratch right after copying it into the entry and checking it (``Placement``).
+  The link is the same root-owned 0444 inode a later ``place`` links, taken by name from
+  the entry root holds exclusively in its private folder, so the protection is the
+  same; scratch folders stay root's, 0700, until full. The marker is still written only
+  after the ``syncfs``; a fill that fails drops its entry and takes its links back out
+  of scratch (ENOSPC then still falls back to the worker's own copy).
+* A fill is pipelined: the worker sends descriptors in batches of one folder, the hook
+  answers each on receipt (the worker opens the next meanwhile) and copies a folder's
+  files in order on one thread, folders in parallel (``copy.copy_batches``).
 * Least recently used entries (the marker's mtime is touched on every use) are evicted
   so the cache stays under its cap; an entry in use (its lock held) is never evicted. A
   dataset larger than the cap, or than the free space, is staged without the cache.
@@ -50,12 +61,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wrapper.errors import UserInputError
+from wrapper.errors import JobwrapError, UserInputError
 from wrapper.lean import dataclass
 from wrapper.staging.copy import (
+    Copied,
     Meter,
     TreeResult,
-    copy_files,
+    copy_batches,
     dest_path,
     finish_dirs,
     for_each_by_folder,
@@ -67,7 +79,7 @@ from wrapper.staging.copy import (
     write_file,
 )
 from wrapper.staging.errors import NoSpaceError, StagingError
-from wrapper.staging.fdtree import DIR_FLAGS, DirTree, open_dir
+from wrapper.staging.fdtree import DIR_FLAGS, DirTree, first_missing, open_dir
 from wrapper.staging.privileges import UserIds
 from wrapper.staging.scratch import remove_tree
 from wrapper.staging.tree import DIR, FILE, Entry, Manifest, sha256_fd
@@ -114,6 +126,18 @@ class Claim:
     hit: bool = False
     waited: float = 0.0
     marker: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Placement:
+    """Where a fill also places the dataset (one pass): each file is hard-linked into
+    ``dest`` in the job's scratch as soon as it is in the cache; ``result`` counts what
+    was placed (paths in scratch), as ``Cache.place`` would have."""
+
+    scratch_fd: int
+    dest: str
+    user: UserIds
+    result: TreeResult = field(default_factory=TreeResult)
 
 
 class Cache:
@@ -261,18 +285,30 @@ class Cache:
 
     def fill(self, claim: Claim, manifest: Manifest,
              batches: Iterable[list[tuple[Entry, int]]], *, verify: str, parallel: int,
-             meter: Meter | None = None) -> dict[str, str]:
+             meter: Meter | None = None, place: Placement | None = None) -> dict[str, str]:
         """Copy the dataset into the claimed entry from open source descriptors, then
         write the marker. Takes ownership of every descriptor in ``batches``. Returns
-        the sha256 of each file when they were computed (path in the dataset -> hex)."""
+        the sha256 of each file when they were computed (path in the dataset -> hex).
+
+        With ``place`` (the job's scratch on the cache's file system, ``link =
+        "hardlink"``) each file is also linked into the job's scratch right after it is
+        copied and checked, so the first job pays one copy, not a copy and a second walk;
+        what a failed fill placed in scratch is removed again (so a full cache can fall
+        back to a plain copy into the same place)."""
         try:
             return self._fill(claim, manifest, batches, verify=verify, parallel=parallel,
-                              meter=meter)
+                              meter=meter, place=place)
         except (NoSpaceError, OSError) as exc:
             if isinstance(exc, OSError) and exc.errno not in _NO_SPACE:
+                if place is not None:
+                    self.drop(claim)
                 raise
             self.drop(claim)
             raise CacheFull(f"the node cache {self.root} is full ({exc})") from None
+        except BaseException:
+            if place is not None:
+                self.drop(claim)  # half a fill is useless; give its space back now
+            raise
 
     def drop(self, claim: Claim) -> None:
         """Remove the claimed entry's partial fill now, giving its space back."""
@@ -282,9 +318,10 @@ class Cache:
 
     def _fill(self, claim: Claim, manifest: Manifest,
               batches: Iterable[list[tuple[Entry, int]]], *, verify: str, parallel: int,
-              meter: Meter | None = None) -> dict[str, str]:
+              meter: Meter | None = None, place: Placement | None = None) -> dict[str, str]:
         if self.key_mode == "sha256":
             verify = "sha256"  # the key promises content: check the bytes against it
+        target = _Target(place, manifest) if place is not None else None
         entry_fd = os.open(claim.key, DIR_FLAGS, dir_fd=self._dir("entries"))
         tree = None
         try:
@@ -298,16 +335,13 @@ class Cache:
                 tree = DirTree(entry_fd)
                 dest = DATA
             make_dirs(manifest, tree, dest)
+            then = None
+            if target is not None:
+                target.make_dirs()
+                then = partial(target.link, tree, dest)
             result = TreeResult()
-            for batch in batches:
-                fds = {e.path: fd for e, fd in batch}
-                try:
-                    copy_files([e for e, _ in batch], partial(_dup_of, fds), tree, dest,
-                               result, verify=verify, parallel=parallel, meter=meter,
-                               file_mode=_cached_mode)
-                finally:
-                    for fd in fds.values():
-                        os.close(fd)
+            copy_batches(batches, tree, dest, result, verify=verify, parallel=parallel,
+                         meter=meter, file_mode=_cached_mode, then=then)
             if result.files != len(manifest.files):
                 raise StagingError(f"the cache fill got {result.files} of "
                                    f"{len(manifest.files)} files from the worker")
@@ -329,8 +363,16 @@ class Cache:
                 os.unlink(RESERVED, dir_fd=entry_fd)
             os.fsync(entry_fd)
             claim.marker = marker
+            if target is not None:
+                target.finish()
             return checksums
+        except BaseException:
+            if target is not None:
+                target.undo()
+            raise
         finally:
+            if target is not None:
+                target.close()
             if tree is not None:
                 tree.close()
                 if tree.root_fd != entry_fd:
@@ -598,8 +640,87 @@ class Cache:
             remove_tree(trash_fd, name, display=f"{self.root}/trash/{name}")
 
 
-def _dup_of(fds: dict[str, int], entry: Entry) -> int:
-    return os.dup(fds[entry.path])  # copy_files closes what it is given
+class _Target:
+    """The scratch side of a one-pass fill: root's links into the job's scratch, made
+    as ``Cache.place`` makes them (through descriptors, every name new, folders root's
+    and 0700 until full, then the user's), and taken back if the fill fails."""
+
+    def __init__(self, place: Placement, manifest: Manifest) -> None:
+        if manifest.kind == FILE and place.dest in ("", "."):
+            raise UserInputError("DEST '.' is the scratch folder itself; a file needs a name "
+                                 "(--stage-in=SRC:NAME)")
+        self.place = place
+        self.manifest = manifest
+        self.dest = "" if place.dest == "." else place.dest
+        self.owner = (place.user.uid, place.user.gid)
+        # what to remove on failure: the first part of DEST that is not there yet
+        self.created = first_missing(place.scratch_fd, self.dest)
+        self.tree = DirTree(place.scratch_fd)
+        self.lock = threading.Lock()
+        self.linked: list[str] = []  # names linked straight into a folder that was there
+
+    def make_dirs(self) -> None:
+        make_dirs(self.manifest, self.tree, self.dest)
+        if self.manifest.kind == FILE:
+            self.tree.get(self.dest.rpartition("/")[0])
+
+    def link(self, cache_tree: DirTree, cache_dest: str, entry: Entry, copied: Copied) -> None:
+        """Link the file just copied into the cache (and checked) into scratch. The name
+        is taken in root's private, locked entry, so it is the inode just written."""
+        cache_parent, _, cache_name = dest_path(cache_dest, entry).rpartition("/")
+        path = dest_path(self.dest, entry)
+        parent, _, name = path.rpartition("/")
+        try:
+            os.link(cache_name, name, src_dir_fd=cache_tree.get(cache_parent),
+                    dst_dir_fd=self.tree.get(parent), follow_symlinks=False)
+        except OSError as exc:
+            raise write_error(path, exc) from None
+        result = self.place.result
+        with self.lock:
+            if not self.created:
+                self.linked.append(path)
+            result.files += 1
+            result.bytes += copied.bytes
+            if copied.sha256:
+                result.checksums[path] = copied.sha256
+
+    def finish(self) -> None:
+        make_links(self.manifest, self.tree, self.dest, self.place.result, owner=self.owner)
+        finish_dirs(self.manifest, self.tree, self.dest, self.place.result, owner=self.owner)
+        dataset = {dest_path(self.dest, e) for e in self.manifest.entries if e.kind == DIR}
+        for rel in self.tree.made:  # DEST's own parents made here: the user's too
+            if rel not in dataset:
+                os.fchown(self.tree.get(rel), *self.owner)
+
+    def undo(self) -> None:
+        """Remove what this fill placed: the folder it started DEST with, or else each
+        top-level name it linked or made inside a DEST that was there before."""
+        with contextlib.suppress(OSError, JobwrapError):
+            if self.created:
+                parent, _, leaf = self.created.rpartition("/")
+                lookup = DirTree(self.place.scratch_fd, create=False)
+                try:
+                    remove_tree(lookup.get(parent), leaf)
+                finally:
+                    lookup.close()
+                return
+            made = set(self.tree.made)
+
+            def in_made(path: str) -> bool:
+                parent = path.rpartition("/")[0]
+                while parent:
+                    if parent in made:
+                        return True
+                    parent = parent.rpartition("/")[0]
+                return False
+
+            for path in [*sorted(made), *self.linked]:
+                if not in_made(path):  # whatever is inside goes with its folder
+                    parent, _, leaf = path.rpartition("/")
+                    remove_tree(self.tree.get(parent), leaf)
+
+    def close(self) -> None:
+        self.tree.close()
 
 
 def _cached_mode(entry: Entry) -> int:

@@ -22,7 +22,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import field
 
@@ -302,6 +302,119 @@ def copy_files(files: Sequence[Entry], open_source: Callable[[Entry], int], tree
         files, lambda e: (f"{prefix}{e.path}" if e.path else dest).rpartition("/")[0],
         copy_one, parallel=parallel, keep_going=keep_going)
     result.problems.extend(_problem(dest_path(dest, e), exc) for e, exc in failures)
+
+
+def copy_batches(batches: Iterable[list[tuple[Entry, int]]], tree: DirTree, dest: str,
+                 result: TreeResult, *, verify: str, parallel: int,
+                 meter: Meter | None = None, file_mode: Callable[[Entry], int] = keep_mode,
+                 then: Callable[[Entry, Copied], None] | None = None,
+                 backlog: int = 512) -> None:
+    """Copy files from open descriptors (``batches`` of (entry, descriptor), consumed as
+    they come: the sender prepares the next batch while these are copied); takes
+    ownership of every descriptor. Each file is copied by ``write_file`` and then handed
+    to ``then`` (the cache links it into the job's scratch there). Adds to ``result``.
+
+    Files of one folder are copied in order by one thread at a time (creates in a folder
+    serialize on its lock), folders in parallel, each large file on its own; at most
+    ``backlog`` received descriptors wait. Raises the first failure, after the running
+    copies stop; no descriptor is left open.
+    """
+    lock = threading.Condition()
+    waiting: dict[str, list[list[tuple[Entry, int]]]] = {}  # folder -> chunks queued
+    state = {"held": 0, "running": 0}
+    failures: list[BaseException] = []
+    prefix = f"{dest}/" if dest else ""
+    on_bytes = (lambda n: meter.add(nbytes=n)) if meter else None
+
+    def copy_one(entry: Entry, src: int) -> None:
+        path = f"{prefix}{entry.path}" if entry.path else dest
+        parent, _, name = path.rpartition("/")
+        large = entry.size > CHUNK  # only a large file reports while it is copied
+        copied = write_file(src, entry, tree.get(parent), name, label=path,
+                            mode=file_mode(entry), verify=verify,
+                            on_bytes=on_bytes if large else None)
+        if then is not None:
+            then(entry, copied)
+        with lock:
+            result.files += 1
+            result.bytes += copied.bytes
+            if copied.sha256:
+                result.checksums[path] = copied.sha256
+        if meter:
+            meter.add(files=1, nbytes=0 if large else copied.bytes)
+
+    def run(folder: str | None, chunk: list[tuple[Entry, int]]) -> None:
+        while True:
+            for i, (entry, src) in enumerate(chunk):
+                try:
+                    if not failures:
+                        copy_one(entry, src)
+                except BaseException as exc:  # re-raised by the caller
+                    with lock:
+                        failures.append(exc)
+                finally:
+                    os.close(src)
+                    chunk[i] = (entry, -1)
+                    with lock:
+                        state["held"] -= 1
+                        if state["held"] == backlog // 2:  # wake the receiver once, not per file
+                            lock.notify_all()
+            with lock:
+                queued = waiting.get(folder) if folder is not None else None
+                if queued:
+                    chunk = queued.pop(0)
+                    continue
+                if folder is not None:
+                    del waiting[folder]
+                state["running"] -= 1
+                lock.notify_all()
+                return
+
+    def submit(pool: ThreadPoolExecutor, folder: str | None,
+               chunk: list[tuple[Entry, int]]) -> None:
+        with lock:
+            if folder is not None and folder in waiting:
+                waiting[folder].append(chunk)  # its runner takes it next
+                return
+            if folder is not None:
+                waiting[folder] = []
+            state["running"] += 1
+        pool.submit(run, folder, chunk)
+
+    workers = max(1, min(parallel, usable_cpus()))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")
+    try:
+        for batch in batches:
+            groups: dict[str | None, list[list[tuple[Entry, int]]]] = {}
+            for entry, fd in batch:
+                if entry.size >= LARGE:
+                    groups.setdefault(None, []).append([(entry, fd)])
+                else:
+                    path = f"{prefix}{entry.path}" if entry.path else dest
+                    folder = groups.setdefault(path.rpartition("/")[0], [[]])
+                    folder[0].append((entry, fd))
+            with lock:
+                state["held"] += len(batch)
+            for folder_name, chunks in groups.items():
+                for chunk in chunks:
+                    submit(pool, folder_name, chunk)
+            with lock:
+                if state["held"] > backlog:
+                    while state["held"] > backlog // 2 and state["running"] and not failures:
+                        lock.wait()
+                if failures:
+                    break
+    except BaseException as exc:
+        with lock:
+            failures.append(exc)  # the runners stop (closing what they hold)
+        raise
+    finally:
+        with lock:
+            while state["running"]:
+                lock.wait()
+        pool.shutdown(wait=True)
+    if failures:
+        raise failures[0]
 
 
 def make_links(manifest: Manifest, tree: DirTree, dest: str, result: TreeResult, *,

@@ -107,3 +107,17 @@ class DirTree:
         if made:
             self._made.append(rel)
         return fd
+
+
+def first_missing(dir_fd: int, path: str) -> str:
+    """The shortest prefix of ``path`` that does not exist yet ("" if all of it does)."""
+    parts = [p for p in path.split("/") if p]
+    for i in range(len(parts)):
+        prefix = "/".join(parts[:i + 1])
+        try:
+            os.stat(prefix, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return prefix
+        except OSError:
+            return ""
+    return ""

@@ -17,7 +17,8 @@ Why a worker process, and why the open-descriptor hand-over (the design):
   round, a user-side process writing the cache, would let one job poison what the next
   job, maybe another user's, reads.)
 * Root writes into the user's scratch at one place only, when it links (or copies)
-  cached data there (``Cache.place``): through descriptors, folder by folder with
+  cached data there (``Cache.place``, or ``Cache.fill`` with a ``Placement``, which links
+  each file as soon as it is cached): through descriptors, folder by folder with
   ``O_NOFOLLOW``, every name new (``O_EXCL``, ``link``), folders handed to the user once
   full. Archives are parsed by the worker alone: root never parses user data.
 * The worker (``wrapper.osl.child.fork_as``) marks itself non-dumpable

@@ -6,8 +6,11 @@ The conversation, per directive, when a cache is used::
     worker -> hook   cache {index, manifest} + the source's descriptor
                                                   (every file opened once: readable)
     hook -> worker   send | direct                (miss | cannot cache: copy yourself)
-    worker -> hook   fds {paths} + descriptors    (batches; the hook copies, answers more,
-                                                  or direct when the cache is full)
+    worker -> hook   fds {paths} + descriptors    (batches of one folder; the hook answers
+                                                  more on receipt and copies meanwhile,
+                                                  linking each file into scratch when
+                                                  scratch takes hard links, or answers
+                                                  direct when the cache is full)
     worker -> hook   fds-end
     hook -> worker   placed | unpack + descriptor (hook linked it | unpack the archive)
                      | direct                     (the cache is full: copy yourself)
@@ -32,11 +35,11 @@ from functools import partial
 from pathlib import Path
 
 from wrapper.errors import JobwrapError, UserInputError
-from wrapper.staging.cache import Cache, CacheFull
-from wrapper.staging.channel import Channel
+from wrapper.staging.cache import Cache, CacheFull, Placement
+from wrapper.staging.channel import MAX_FDS, Channel
 from wrapper.staging.copy import Meter, check_space, copy_tree, space_needed
 from wrapper.staging.errors import StagingError
-from wrapper.staging.fdtree import DirTree, open_dir, raise_fd_limit
+from wrapper.staging.fdtree import DirTree, first_missing, open_dir, raise_fd_limit
 from wrapper.staging.privileges import UserIds, Worker
 from wrapper.staging.report import Progress, StageItem, StageReport
 from wrapper.staging.scratch import remove_tree
@@ -45,7 +48,7 @@ from wrapper.staging.spec import StageIn
 from wrapper.staging.tree import DIR, FILE, Entry, Manifest, SourceTree, opened_path
 from wrapper.staging.unpack import unpack
 
-_BATCH = 128  # descriptors per message (the kernel allows 253)
+_BATCH = MAX_FDS  # descriptors per message (the kernel allows 253)
 ProgressFn = Callable[[Progress], None]
 
 
@@ -165,6 +168,7 @@ def _serve(worker: Worker, message: dict[str, object], fds: list[int], specs: li
         if not spec.unpack and cache.needs_copy(scratch_fd):
             check_space(scratch_fd, need=space_needed(manifest, scratch_fd),
                         files=len(manifest.entries), margin=settings.free_margin_bytes)
+        place: Placement | None = None
         with cache.claim(cache.key_for(manifest), deadline=deadline) as claim:
             if not claim.hit:
                 if not cache.reserve(claim, cache.disk_bytes(manifest),
@@ -175,9 +179,12 @@ def _serve(worker: Worker, message: dict[str, object], fds: list[int], specs: li
                 meter = Meter(spec.directive, len(manifest.files), manifest.total_bytes,
                               report, interval=interval)
                 batches = _Batches(worker, manifest)
+                # One pass: each file is linked into scratch as soon as it is cached.
+                place = None if spec.unpack or cache.needs_copy(scratch_fd) else Placement(
+                    scratch_fd, spec.dest, user)
                 try:
                     cache.fill(claim, manifest, batches, verify=settings.verify,
-                               parallel=settings.parallel, meter=meter)
+                               parallel=settings.parallel, meter=meter, place=place)
                 except CacheFull as exc:
                     # The node's disk, not the job's data: stage it without the cache.
                     from wrapper import log
@@ -193,11 +200,14 @@ def _serve(worker: Worker, message: dict[str, object], fds: list[int], specs: li
                 finally:
                     os.close(fd)
                 return None
-            meter = Meter(spec.directive, len(manifest.files), manifest.total_bytes, report,
-                          interval=interval)
-            result = cache.place(claim, manifest, scratch_fd, spec.dest, user,
-                                 verify=settings.verify, parallel=settings.parallel,
-                                 meter=meter)
+            if place is not None:
+                result = place.result
+            else:
+                meter = Meter(spec.directive, len(manifest.files), manifest.total_bytes,
+                              report, interval=interval)
+                result = cache.place(claim, manifest, scratch_fd, spec.dest, user,
+                                     verify=settings.verify, parallel=settings.parallel,
+                                     meter=meter)
             meter.finish()
     except UserInputError as exc:
         raise UserInputError(prefixed(spec.directive, exc)) from None
@@ -212,17 +222,22 @@ def _serve(worker: Worker, message: dict[str, object], fds: list[int], specs: li
 
 
 class _Batches:
-    """The worker's descriptor batches of a cache fill, as the fill consumes them."""
+    """The worker's descriptor batches of a cache fill, as the fill consumes them.
+
+    Each batch is answered (``more``) as soon as it is received, so the worker opens the
+    next one while the fill copies this one; the fill bounds how many wait."""
 
     def __init__(self, worker: Worker, manifest: Manifest) -> None:
         self.worker = worker
         self.by_path = {e.path: e for e in manifest.files}
         self.started = False
+        self.owed = True  # the worker's next message is on its way to us
 
     def __iter__(self) -> Iterator[list[tuple[Entry, int]]]:
         self.started = True
         while True:
             message, fds = self.worker.recv()
+            self.owed = False
             paths = message.get("paths")
             if message["t"] == "fds-end" and not fds:
                 return
@@ -232,13 +247,15 @@ class _Batches:
                 _close(fds)
                 raise StagingError("the staging worker sent descriptors that do not match "
                                    "its manifest")
-            yield [(self.by_path[p], fd) for p, fd in zip(paths, fds, strict=True)]
             self.worker.send({"t": "more"})
+            self.owed = True
+            yield [(self.by_path[p], fd) for p, fd in zip(paths, fds, strict=True)]
 
     def abandon(self) -> None:
         """Tell the worker to copy the data itself. It waits for an answer to what it sent
-        last (a batch, or the end); a fill that failed before reading any is read first."""
-        if not self.started:
+        last (a batch, or the end); a message still on its way is read (and its
+        descriptors closed) first."""
+        if self.owed:
             _, fds = self.worker.recv()
             _close(fds)
         self.worker.send({"t": "direct"})
@@ -348,10 +365,12 @@ def resolve(source: str, work_dir: str | None) -> str:
 
 def _send_fds(channel: Channel, src: SourceTree) -> bool:
     """Send every file's descriptor to the hook filling the cache; False when the hook
-    answered ``direct`` halfway (the cache is full: the worker copies it itself)."""
-    files = src.manifest.files
-    for start in range(0, len(files), _BATCH):
-        batch = files[start:start + _BATCH]
+    answered ``direct`` halfway (the cache is full: the worker copies it itself).
+
+    A batch holds files of one folder only (the hook copies a folder's files in order on
+    one thread); the hook answers each batch on receipt, so this opens the next while it
+    copies."""
+    for batch in _folder_batches(src.manifest.files):
         fds: list[int] = []
         try:
             for entry in batch:
@@ -367,6 +386,21 @@ def _send_fds(channel: Channel, src: SourceTree) -> bool:
             raise StagingError(f"unexpected reply {reply['t']!r} from the hook")
     channel.send({"t": "fds-end"})
     return True
+
+
+def _folder_batches(files: Sequence[Entry]) -> Iterator[Sequence[Entry]]:
+    """Runs of files in one folder (the manifest lists a folder's files together), at
+    most ``_BATCH`` each."""
+    start = 0
+    folder = None
+    for i, entry in enumerate(files):
+        parent = entry.path.rpartition("/")[0]
+        if i > start and (parent != folder or i - start >= _BATCH):
+            yield files[start:i]
+            start = i
+        folder = parent
+    if start < len(files):
+        yield files[start:]
 
 
 def _copy(spec: StageIn, src: SourceTree, scratch_fd: int, settings: StageSettings,
@@ -410,7 +444,7 @@ class _UndoOnFailure:
 
     def __init__(self, scratch_fd: int, dest: str) -> None:
         self.scratch_fd = scratch_fd
-        self.created = _first_missing(scratch_fd, dest)
+        self.created = first_missing(scratch_fd, dest)
         self.tree = DirTree(scratch_fd)
 
     def __enter__(self) -> DirTree:
@@ -428,17 +462,3 @@ class _UndoOnFailure:
             pass  # the epilog removes scratch anyway; the first error is the one to report
         finally:
             lookup.close()
-
-
-def _first_missing(dir_fd: int, path: str) -> str:
-    """The shortest prefix of ``path`` that does not exist yet ("" if all of it does)."""
-    parts = [p for p in path.split("/") if p]
-    for i in range(len(parts)):
-        prefix = "/".join(parts[:i + 1])
-        try:
-            os.stat(prefix, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return prefix
-        except OSError:
-            return ""
-    return ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import resource
 import stat
 from typing import Any
 
@@ -115,8 +116,12 @@ class SourceTree:
     ``path`` is followed if it is a symlink (the user named it); nothing below it is.
     With ``prove_read`` every file is opened once during the scan, so a file the user
     may not read is refused before anything is copied (the cache needs that proof: it
-    must never hand a user data they could not read themselves).
+    must never hand a user data they could not read themselves). Those descriptors are
+    kept (up to ``KEEP_OPEN``) and ``open`` hands them out: a cache fill then copies the
+    very inode the scan described, without a second open.
     """
+
+    KEEP_OPEN = 65536
 
     def __init__(self, path: str, *, dir_fd: int | None = None, checksums: bool = False,
                  prove_read: bool = False, label: str = "SRC") -> None:
@@ -133,6 +138,8 @@ class SourceTree:
             raise _unreadable(f"{label} {path!r}", exc) from None
         self.root_fd = fd
         self._dirs = DirTree(fd, create=False)
+        self._kept: dict[str, int] = {}  # path -> the scan's own descriptor (prove_read)
+        self._keep = _keepable() if prove_read else 0
         try:
             info = os.fstat(fd)
             if (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
@@ -150,6 +157,7 @@ class SourceTree:
                 raise UserInputError(f"{label} {path!r} is {_kind_name(info.st_mode)}; only "
                                      "files and folders are staged")
         except BaseException:
+            self._close_kept()
             os.close(fd)
             raise
 
@@ -163,6 +171,9 @@ class SourceTree:
         """
         if self.manifest.kind == FILE:
             return os.dup(self.root_fd)  # copies use explicit offsets, so sharing is fine
+        kept = self._kept.pop(entry.path, None)
+        if kept is not None:
+            return kept  # the caller's now
         parent, _, name = entry.path.rpartition("/")
         try:
             parent_fd = self._dirs.get(parent)
@@ -177,8 +188,14 @@ class SourceTree:
             raise _unreadable(f"{self.label} file {entry.path!r}", exc) from None
 
     def close(self) -> None:
+        self._close_kept()
         self._dirs.close()
         os.close(self.root_fd)
+
+    def _close_kept(self) -> None:
+        kept, self._kept = self._kept, {}
+        for fd in kept.values():
+            os.close(fd)
 
     def __enter__(self) -> SourceTree:
         return self
@@ -245,9 +262,24 @@ class SourceTree:
             raise _unreadable(f"{self.label} file {path!r}", exc) from None
         try:
             st = os.fstat(fd)
-            return st, sha256_fd(fd) if checksums else ""
-        finally:
+            digest = sha256_fd(fd) if checksums else ""
+        except BaseException:
             os.close(fd)
+            raise
+        if stat.S_ISREG(st.st_mode) and len(self._kept) < self._keep:
+            self._kept[path] = fd
+        else:
+            os.close(fd)
+        return st, digest
+
+
+def _keepable() -> int:
+    """How many scanned files' descriptors a SourceTree may keep open: at most
+    ``KEEP_OPEN``, and half of what the descriptor limit leaves."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return SourceTree.KEEP_OPEN
+    return max(0, min(SourceTree.KEEP_OPEN, (soft - 1024) // 2))
 
 
 def opened_path(fd: int, label: str = "SRC", path: str = "") -> str:
