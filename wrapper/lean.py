@@ -42,8 +42,13 @@ _SPECS: dict[type, tuple[tuple[str, bool, Any, Any], ...]] = {}
 def _process(cls: Any, *, frozen: bool, eq: bool) -> Any:
     if "__slots__" in cls.__dict__:
         raise TypeError(f"{cls.__name__}: wrapper.lean.dataclass does not support __slots__")
+    documented = bool(cls.__dict__.get("__doc__"))
+    if not documented:
+        cls.__doc__ = cls.__name__  # dataclasses would ask inspect: twice the class's cost
     cls = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
     fields = dataclasses.fields(cls)
+    if not documented:
+        cls.__doc__ = f"{cls.__name__}({', '.join(f.name for f in fields if f.init)})"
     if any(isinstance(f.type, dataclasses.InitVar) or str(f.type).startswith("InitVar")
            for f in fields):
         raise TypeError(f"{cls.__name__}: wrapper.lean.dataclass does not support InitVar")

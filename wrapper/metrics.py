@@ -38,7 +38,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import field
 from pathlib import Path
 
@@ -56,6 +56,18 @@ _SAMPLE_HEAD = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{?)")
 _LABEL_START = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"')
 _LABELS_END = re.compile(r"\s*\}")
 _LABEL_SEP = re.compile(r"\s*(,|\})")
+_PLAIN_PAIR_TEXT = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'
+_PLAIN_SAMPLE = re.compile(rf'([a-zA-Z_:][a-zA-Z0-9_:]*)'
+                           rf'\{{((?:{_PLAIN_PAIR_TEXT}(?:,{_PLAIN_PAIR_TEXT})*,?)?)\}} (\S+)')
+_PLAIN_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
+_GOOD_LABELS: set[str] = set()  # label names already checked against _LABEL
+# One whole sample line as this module writes it (and as the format allows): the name,
+# labels with quoted values (escapes inside), a value, an optional timestamp.
+_SAMPLE_LINE = re.compile(
+    r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{\s*(?:[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\\n]|\\.)*"'
+    r'\s*(?:,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\\n]|\\.)*"\s*)*,?\s*)?\})?'
+    r'\s+(?:[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+\.|Inf|inf|NaN|nan))'
+    r'(?:\s+-?[0-9]+)?')
 
 
 class MetricsError(JobwrapError):
@@ -71,8 +83,10 @@ def normalise(pairs: Iterable[tuple[str, str]]) -> Labels:
     """One order for a series' labels, so that the same series is never written twice."""
     out = tuple(sorted((str(k), str(v)) for k, v in pairs))
     for name, _ in out:
-        if not _LABEL.match(name) or name.startswith("__"):
-            raise MetricsError(f"{name!r} is not a Prometheus label name")
+        if name not in _GOOD_LABELS:
+            if not _LABEL.match(name) or name.startswith("__"):
+                raise MetricsError(f"{name!r} is not a Prometheus label name")
+            _GOOD_LABELS.add(name)
     if len({name for name, _ in out}) != len(out):
         raise MetricsError(f"a label is given twice in {out}")
     return out
@@ -84,6 +98,8 @@ class Family:
     help: str = ""
     type: str = "untyped"
     samples: dict[Labels, float] = field(default_factory=dict)
+    # A family this update does not change: its checked sample lines, kept as written.
+    lines: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -123,15 +139,18 @@ def update(path: str, family: str, help: str, type: str,
 def apply(path: str, changes: Iterable[Change], *, lock_timeout: float = 5.0) -> None:
     """Make every change in one locked read-merge-write of the textfile."""
     target = Path(path)
+    changes = list(changes)
     with _locked(target, lock_timeout):
-        families = read(target)
+        # Only the families that change are parsed: the rest (another hook's series) are
+        # checked line by line and written back as they were.
+        families = read(target, only={change.family for change in changes})
         for change in changes:
             _merge(families, change)
         _write(target, render(families))
 
 
-def read(path: Path) -> dict[str, Family]:
-    """The families in a textfile (none when it does not exist)."""
+def read(path: Path, *, only: Collection[str] | None = None) -> dict[str, Family]:
+    """The families in a textfile (none when it does not exist); see :func:`parse`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -139,12 +158,15 @@ def read(path: Path) -> dict[str, Family]:
     except OSError as exc:
         raise MetricsError(f"cannot read {path}: {exc.strerror}") from None
     with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
-        return parse(handle.read())
+        return parse(handle.read(), only=only)
 
 
-def parse(text: str) -> dict[str, Family]:
+def parse(text: str, *, only: Collection[str] | None = None) -> dict[str, Family]:
     """Read the text format; a line that does not parse is dropped, never fatal (a
-    hand-edited or truncated file must not stop the hooks from writing theirs)."""
+    hand-edited or truncated file must not stop the hooks from writing theirs).
+
+    ``only``: parse the samples of these families; the others' sample lines are only
+    checked (one pattern match each) and kept in ``Family.lines`` as they are."""
     families: dict[str, Family] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -160,6 +182,13 @@ def parse(text: str) -> dict[str, Family]:
                 elif rest in TYPES:
                     fam.type = rest
             continue
+        if only is not None:
+            kept = _SAMPLE_LINE.fullmatch(line)
+            if kept is None:
+                continue
+            if kept.group(1) not in only:
+                families.setdefault(kept.group(1), Family(kept.group(1))).lines.append(line)
+                continue
         sample = _parse_sample(line)
         if sample is not None:
             name, series, value = sample
@@ -171,11 +200,12 @@ def render(families: Mapping[str, Family]) -> str:
     out: list[str] = []
     for name in sorted(families):
         fam = families[name]
-        if not fam.samples:
+        if not fam.samples and not fam.lines:
             continue
         if fam.help:
             out.append(f"# HELP {name} {_escape(fam.help, help_text=True)}")
         out.append(f"# TYPE {name} {fam.type}")
+        out.extend(fam.lines)
         for series in sorted(fam.samples):
             text = ",".join(f'{k}="{_escape(v)}"' for k, v in series)
             out.append(f"{name}{{{text}}} {_number(fam.samples[series])}" if text
@@ -370,6 +400,13 @@ def _write(target: Path, text: str) -> None:
 
 
 def _parse_sample(line: str) -> tuple[str, Labels, float] | None:
+    plain = _PLAIN_SAMPLE.fullmatch(line)
+    if plain is not None:  # as render writes it: no escapes, no spaces, no timestamp
+        try:
+            return plain.group(1), normalise(_PLAIN_PAIR.findall(plain.group(2))), \
+                _float(plain.group(3))
+        except (ValueError, MetricsError):
+            return None
     head = _SAMPLE_HEAD.match(line)
     if head is None:
         return None

@@ -150,6 +150,26 @@ def test_foreign_and_broken_lines_survive_or_go(tmp_path: Path) -> None:
     assert "not a sample" not in path.read_text()
 
 
+def test_an_update_parses_only_the_families_it_changes(tmp_path: Path) -> None:
+    """Another hook's series are checked and written back as they were (the prolog's
+    health update must not pay for the whole file); a line that is not a sample goes
+    whichever family it would belong to, and the changed family is merged as before."""
+    path = tmp_path / "m.prom"
+    odd = 'other{b="2",a="1 \\"q\\""} 1.5e+03 1700000000000'  # escapes, unsorted, stamped
+    path.write_text("# HELP other From someone else.\n# TYPE other gauge\n"
+                    f"{odd}\nother{{a=\"1\"b=\"2\"}} 4\nother 5 x y\n"
+                    "# TYPE jobwrap_w gauge\njobwrap_w{a=\"1\"} 2\n")
+    metrics.update(str(path), "jobwrap_w", "h", "gauge", {labels(a=1): 3}, add=True)
+    text = path.read_text()
+    assert odd in text.splitlines()  # kept exactly, not re-rendered
+    assert 'a="1"b="2"' not in text and "x y" not in text  # broken lines dropped
+    series = _series(path)
+    assert series[("jobwrap_w", (("a", "1"),))] == 5
+    assert series[("other", (("a", '1 "q"'), ("b", "2")))] == 1500
+    assert metrics.parse(text)["other"].samples == metrics.parse(
+        text, only={"other"})["other"].samples
+
+
 def test_written_atomically_and_readable_by_node_exporter(tmp_path: Path) -> None:
     path = tmp_path / "m.prom"
     path.write_text("")
