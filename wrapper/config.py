@@ -130,6 +130,13 @@ class HooksConfig(Section):
                                 "PrologEpilogTimeout.", positive=True)
     epilog_budget: float = _opt(120.0, "Seconds the epilog may take; keep below Slurm's "
                                 "PrologEpilogTimeout.", positive=True)
+    unchecked_attempt: str = _opt("requeue", "An attempt on a node where jobwrap's prolog "
+                                  "did not run for it (slurmd before 23.02 skips the Prolog "
+                                  "of a job requeued back onto a node within seconds): "
+                                  "requeue (the task-prolog ends it there before the job's "
+                                  "code starts; it is requeued away from that node) or run "
+                                  "(it runs unchecked, and the job's output says so).",
+                                  choices=("requeue", "run"))
     user_events_max: int = _opt(1048576, "Bytes a job's user-writable event file "
                                 "(user-events.jsonl) may hold; appends past it are dropped "
                                 "and only its last this-many bytes are read.", positive=True)

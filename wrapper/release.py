@@ -3,7 +3,10 @@
 Slurm holds a requeued job for a fixed 121 s, and a StartTime set while the job is
 still COMPLETING is overwritten by that delay. So this waits (detached from the
 epilog) until the job is PENDING, then a little more, since slurmd refuses to launch a
-job within the second its previous credential was revoked, and releases it.
+job within the second its previous credential was revoked, and releases it. Nodes to
+avoid are excluded as soon as the job is PENDING, before that wait: when two releases
+run for one requeue (the first node's, and one from a node whose prolog Slurm skipped),
+neither starts the job before both exclusions are in.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ def release(job_id: str, cfg: Config, exclude: list[str], *, timeout: float = 12
             logger.warning("release.slurm_unreachable", error=str(exc))
             current = ""
         if current == "PENDING":
-            sleep(cfg.restart.release_delay)
             try:
-                backend.release_now(job_id, exclude)
+                if exclude:  # at once: before any other release of this requeue starts it
+                    backend.exclude_nodes(job_id, exclude)
+                sleep(cfg.restart.release_delay)
+                backend.release_now(job_id)
             except JobwrapError as exc:  # e.g. a host list no cluster has: say so, not crash
                 logger.error("release.failed", job_id=job_id, exclude=exclude, error=str(exc))
                 return False

@@ -46,10 +46,12 @@ CASES: dict[str, tuple[int, str, str, str]] = {
     "preempted": (0, "PREEMPTED", "", ""),
     "cancelled": (0, "CANCELLED", "", ""),
     "staging": (1, "FAILED", "", "staging_failed"),
+    # Slurm ran no prolog on n1 for the attempt; the task-prolog ended it there
+    "unchecked": (1, "FAILED", "jobwrap: the job did not start on n1\n", "prolog_skipped"),
     "user_error": (1, "FAILED", "ValueError: bad input\n", ""),
 }
 HISTORIES = ("first", "one_failure_before", "at_limit")
-NOT_COUNTED = {"hardware", "node_failure", "preempted"}
+NOT_COUNTED = {"hardware", "node_failure", "preempted", "unchecked"}
 NEVER_RETRIED = {"success", "cancelled", "staging", "cuda_oom"}
 
 
@@ -88,7 +90,8 @@ def setup(tmp_path: Path, kind: str, history: str, allowed: bool
                                    {"max_restarts": MAX_RESTARTS})
     attempt = {"first": 0, "one_failure_before": 1, "at_limit": MAX_RESTARTS}[history]
     store = JobStore(state)
-    store.record(ev.PrologContext(node="n1", hook="prolog", attempt=attempt))
+    if extra != "prolog_skipped":
+        store.record(ev.PrologContext(node="n1", hook="prolog", attempt=attempt))
     if history == "one_failure_before":
         store.record(ev.AttemptEnd(attempt=0, node="n1", kind="user_error", detail="exit 1",
                                    signature="exit:1:0:", decision="requeue"))
@@ -132,7 +135,7 @@ def test_epilog_decision_matrix(tmp_path: Path, kind: str, history: str,
     if requeued:
         argv = list(spawned[0])
         assert argv[argv.index("release") + 1] == JOB
-        assert ("--exclude" in argv) == (kind in ("hardware", "node_failure"))
+        assert ("--exclude" in argv) == (kind in ("hardware", "node_failure", "unchecked"))
     told = Path(record.stdout).read_text()
     assert (f"jobwrap: attempt {ctx.attempt} ended: {kind}" in told) == (kind != "success")
 

@@ -156,7 +156,10 @@ def test_the_task_prolog_exports_roots_resume_pick_and_says_why(tmp_path: Path,
 def test_the_task_prolog_survives_a_missing_record(tmp_path: Path) -> None:
     cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state"),
                                    scratch_root=str(tmp_path / "scratch")))
-    JobState(tmp_path / "state", JOB).prepare(os.getuid(), os.getgid())
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(os.getuid(), os.getgid())
+    # The prolog ran (its first record) but wrote no job record: the job still starts.
+    JobStore(state).record(ev.PrologContext(node="n1", hook="prolog", attempt=1))
     out = io.StringIO()
     assert task_prolog.run(ctx_of("task-prolog", 1), cfg, out, {"SLURM_STEP_ID": "0"},
                            Services(cfg)) == EXIT_OK

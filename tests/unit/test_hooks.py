@@ -69,11 +69,41 @@ def test_task_prolog_exports(site: dict[str, Path]) -> None:
         ("prolog.context", "root"), ("task-prolog.context", "user")]
 
 
-def test_task_prolog_exports_even_without_state(site: dict[str, Path]) -> None:
-    out = io.StringIO()  # no prolog ran: the user file is missing, the job still gets its env
+def test_a_task_without_its_prolog_gets_its_env_and_ends_before_the_jobs_code(
+        site: dict[str, Path]) -> None:
+    out = io.StringIO()  # no prolog ran on n1 for attempt 1: root's record has none
+    assert run_hook("task-prolog", config_path=str(site["config"]),
+                    env=slurm_env("task-prolog"), out=out) == 1
+    lines = out.getvalue().splitlines()
+    assert "export JOBWRAP_ATTEMPT=1" in lines
+    assert lines[-1].startswith("print jobwrap: the job did not start on n1: jobwrap's "
+                                "prolog did not run on n1 for attempt 1")
+    assert "requeued away from n1" in lines[-1]
+
+
+def test_a_prolog_of_another_attempt_or_node_does_not_vouch(site: dict[str, Path]) -> None:
+    for node, attempt in (("n1", "0"), ("n2", "1")):  # Slurm skipped attempt 1 on n1
+        assert run_hook("prolog", config_path=str(site["config"]),
+                        env=slurm_env("prolog", SLURMD_NODENAME=node,
+                                      SLURM_JOB_RESTART_COUNT=attempt)) == 0
+    # The user's own file cannot vouch for a check either.
+    JobState(site["state"], "31").append("prolog.context", as_user=True, node="n1",
+                                         attempt=1, hook="prolog")
+    out = io.StringIO()
+    assert run_hook("task-prolog", config_path=str(site["config"]),
+                    env=slurm_env("task-prolog"), out=out) == 1
+    assert "did not run on n1 for attempt 1" in out.getvalue()
+
+
+def test_with_unchecked_attempt_run_the_task_runs_and_is_told(site: dict[str, Path]) -> None:
+    site["config"].write_text(site["config"].read_text() +
+                              '[hooks]\nunchecked_attempt = "run"\n')
+    out = io.StringIO()
     assert run_hook("task-prolog", config_path=str(site["config"]),
                     env=slurm_env("task-prolog"), out=out) == 0
     assert "export JOBWRAP_ATTEMPT=1" in out.getvalue()
+    assert "print jobwrap: warning: jobwrap's prolog did not run on n1 for attempt 1" \
+        in out.getvalue()
 
 
 def test_bad_config_inside_slurm_lets_the_job_run(tmp_path: Path) -> None:

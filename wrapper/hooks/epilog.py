@@ -74,6 +74,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         # The job never started: Slurm requeues it after the failed prolog by itself.
         logger.info("epilog.after_failed_prolog")
         return EXIT_OK
+    if not store.prolog_ran(ctx.node, ctx.attempt):
+        _unchecked_here(ctx, cfg, store, services)
     try:
         record = jobrecord.load(state)
     except JobwrapError:
@@ -105,6 +107,30 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     _prune_user_files(cfg)
     logger.info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
     return EXIT_OK
+
+
+def _unchecked_here(ctx: JobContext, cfg: Config, store: JobStore,
+                    services: Services) -> None:
+    """Slurm ran no prolog here for the attempt (root's record has none): say so, and with
+    ``unchecked_attempt = "requeue"`` keep the next attempt off this node. The first node's
+    decision excludes it itself (class ``unchecked``); another node cannot reach that
+    decision, so it starts a release that excludes it from whatever requeue follows (a
+    job that is not requeued is left alone: the release acts on a PENDING job only)."""
+    excluding = cfg.hooks.unchecked_attempt == "requeue" and not ctx.first_node
+    reason = (f"Slurm ran no Prolog on {ctx.node} for attempt {ctx.attempt} (slurmd before "
+              f"23.02 skips it for a job requeued back onto a node within seconds)")
+    log.get().warning("epilog.prolog_skipped", attempt=ctx.attempt, reason=reason,
+                      action=cfg.hooks.unchecked_attempt)
+    store.record(ev.AttemptUnchecked(attempt=ctx.attempt, node=ctx.node, reason=reason,
+                                     excluded=excluding))
+    if excluding:
+        from wrapper import detach
+
+        argv = detach.jobwrap_argv("release", ctx.job_id, "--exclude", ctx.node)
+        if services.spawn is not None:
+            services.spawn(argv)
+        else:
+            detach.spawn(argv, detach.hook_env(cfg.source))
 
 
 def _archive(ctx: JobContext, cfg: Config, store: JobStore, record: jobrecord.JobRecord,

@@ -45,7 +45,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         record = jobrecord.load(state)
     except JobwrapError as exc:
         log.get().warning("task-prolog.no_record", error=str(exc))
-    found = _resume_point(ctx, cfg, store, record, batch=_is_batch(environ))
+    events = store.root_events()  # decisions read root's record only, and read it once
+    found = _resume_point(ctx, cfg, store, record, events, batch=_is_batch(environ))
     resume = found.path if found else None
     values = exports(ctx, cfg, record, resume)
     # Export first: the job must get its variables even if what follows fails.
@@ -53,13 +54,21 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         if "\n" not in value:
             out.write(f"export {name}={value}\n")
     if ctx.attempt > 0 and _is_batch(environ):
-        out.write(f"print {_banner(ctx, store, found)}\n")
-    refused = store.staging_refusal(ctx.node, ctx.attempt)
+        out.write(f"print {_banner(ctx, store, found, events)}\n")
+    refused = store.staging_refusal(ctx.node, ctx.attempt, events)
     if refused:
         # The job's data is not there: running it would only fail later, less clearly.
         out.write(f"print jobwrap: the job did not start: {refused}\n")
         out.flush()
         return 1
+    if not store.prolog_ran(ctx.node, ctx.attempt, events):
+        ends = cfg.hooks.unchecked_attempt == "requeue"
+        log.get().warning("task-prolog.unchecked", node=ctx.node, attempt=ctx.attempt,
+                          action=cfg.hooks.unchecked_attempt)
+        out.write(f"print jobwrap: {unchecked_message(ctx, ends=ends)}\n")
+        out.flush()
+        if ends:  # before the job's code: a non-zero task-prolog ends the task unrun
+            return 1
     out.flush()
     extra = {}
     if environ.get("SLURM_LOCALID", "0") == "0":  # once per node and step
@@ -77,19 +86,31 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     return EXIT_OK
 
 
+def unchecked_message(ctx: JobContext, *, ends: bool) -> str:
+    """What the job's output says when this node's prolog did not run for the attempt."""
+    why = (f"jobwrap's prolog did not run on {ctx.node} for attempt {ctx.attempt} (slurmd "
+           f"before 23.02 skips it for a job requeued back onto a node within seconds), so "
+           f"nothing checked this node's GPUs or staged the job's data here")
+    if ends:
+        return (f"the job did not start on {ctx.node}: {why}; this attempt ends before the "
+                f"job's code runs and is requeued away from {ctx.node} "
+                f"([hooks] unchecked_attempt = \"requeue\")")
+    return f"warning: {why}; it runs unchecked ([hooks] unchecked_attempt = \"run\")"
+
+
 def _is_batch(env: Mapping[str, str]) -> bool:
     return is_batch_step(env.get("SLURM_STEP_ID", "batch")) and \
         env.get("SLURM_PROCID", "0") == "0"
 
 
 def _resume_point(ctx: JobContext, cfg: Config, store: JobStore,
-                  record: jobrecord.JobRecord | None, batch: bool) -> resume_mod.Found | None:
+                  record: jobrecord.JobRecord | None, events: list[ev.Event],
+                  batch: bool) -> resume_mod.Found | None:
     """Where this attempt resumes from (attempts >= 1): for the batch step, root's pick
     (``resume.chosen``); else the latest valid checkpoint read with this (the job user's)
     rights, suspects passed over."""
     if ctx.attempt < 1 or record is None or not record.checkpoint_dir:
         return None
-    events = store.events()
     chosen = store.resumed_from(ctx.attempt, events) if batch else None
     if chosen is not None:
         return resume_mod.Found(chosen.path, chosen.step, mtime=chosen.mtime,
@@ -101,8 +122,9 @@ def _resume_point(ctx: JobContext, cfg: Config, store: JobStore,
                              settle_seconds=settle, suspects=suspects)
 
 
-def _banner(ctx: JobContext, store: JobStore, found: resume_mod.Found | None) -> str:
-    end = store.last_end()
+def _banner(ctx: JobContext, store: JobStore, found: resume_mod.Found | None,
+            events: list[ev.Event]) -> str:
+    end = store.last_end(events)
     why = ""
     if isinstance(end, ev.PrologUnhealthy):
         why = f" after node {end.node} failed its health check ({end.reason})"

@@ -397,6 +397,17 @@ class RequeuedWithoutJobwrap(Event):
     reason: str = ""
 
 
+@kind("attempt.unchecked", writer="root")
+@dataclass(frozen=True)
+class AttemptUnchecked(Event):
+    """The epilog found no prolog record of the attempt on its node: Slurm skipped the
+    Prolog there (slurmd before 23.02, a job requeued back onto the node within seconds),
+    and the task-prolog ended the attempt's tasks on it before the job's code ran."""
+
+    reason: str = ""
+    excluded: bool = False  # a release excluding this node was started
+
+
 @kind("archive", writer="root")
 @dataclass(frozen=True)
 class Archived(Event):

@@ -85,6 +85,13 @@ class JobStore:
                 return " ".join(event.error.split())
         return ""
 
+    def prolog_ran(self, node: str, attempt: int,
+                   events: Iterable[ev.Event] | None = None) -> bool:
+        """Root's prolog recorded ``attempt`` on ``node`` (its first act, so a prolog that
+        ran at all did). Root's events only: the user cannot vouch for a check."""
+        return any(isinstance(e, ev.PrologContext) and e.node == node and e.attempt == attempt
+                   for e in self._root(events))
+
     def history(self, before: int, events: Iterable[ev.Event] | None = None
                 ) -> list[ev.AttemptEnd]:
         """Root's verdicts on the attempts other than ``before``, oldest first."""

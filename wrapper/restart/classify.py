@@ -33,16 +33,17 @@ WALLTIME = "walltime"
 PREEMPTED = "preempted"
 CANCELLED = "cancelled"
 STAGING = "staging"  # the job's declared data could not be staged: the user's input
+UNCHECKED = "unchecked"  # jobwrap's prolog did not run on the node for the attempt
 USER_ERROR = "user_error"
 
 RETRYABLE = {HARDWARE, NODE_FAILURE, HANG, COLLECTIVE_TIMEOUT, WALLTIME, PREEMPTED, HOST_OOM,
-             USER_ERROR, KILLED}
+             USER_ERROR, KILLED, UNCHECKED}
 # Classes that are no fault of the job: they do not count against its progress. Each
 # rests on root's facts alone (root's GPU check, Slurm's NODE_FAIL and PREEMPTED); a kill
 # is not among them, since the job can kill itself (``kill -9 $$``, ``exit 137``) and the
 # brakes would then never apply: classes the job's own output or exit can pick may only
 # make an attempt more the job's fault, never less.
-NOT_THE_JOBS_FAULT = {HARDWARE, NODE_FAILURE, PREEMPTED}
+NOT_THE_JOBS_FAULT = {HARDWARE, NODE_FAILURE, PREEMPTED, UNCHECKED}
 
 # (class, pattern) in order: the first match wins. Patterns are what the tools print.
 SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -74,6 +75,9 @@ class Evidence:
     gpu_check_failed: bool = False  # root's own GPU check (post-job, or confirming) failed
     unconfirmed: tuple[str, ...] = ()  # claims from the user's side root did not confirm
     staging_error: str = ""  # why the prolog could not stage the job's data
+    # Root's record has no prolog on this node for the attempt, and the task-prolog ended
+    # it there before the job's code ran ([hooks] unchecked_attempt = "requeue").
+    unchecked: str = ""
     output_tail: str = ""
     # An OOM kill root saw for this job (cgroup memory.events, the kernel log): what and
     # where, from wrapper.restart.signals; "" when none was recorded.
@@ -99,6 +103,11 @@ def classify(ev: Evidence) -> Classification:
         return Classification(NODE_FAILURE, "Slurm reported NODE_FAIL", "node_fail")
     if state == "PREEMPTED":
         return Classification(PREEMPTED, "preempted by Slurm", "preempted")
+    succeeded = state == "COMPLETED" or (ev.exit_code == 0 and not ev.exit_signal
+                                         and state not in ("CANCELLED", "FAILED"))
+    if ev.unchecked and not succeeded and state != "CANCELLED":
+        return Classification(UNCHECKED, f"{ev.unchecked}; the task-prolog ended the attempt "
+                              "before the job's code started", "unchecked")
     if ev.staging_error:
         return Classification(STAGING, f"the job could not be prepared: {ev.staging_error}",
                               "staging")
@@ -120,8 +129,7 @@ def classify(ev: Evidence) -> Classification:
     if ev.oom_kill and failed:
         return Classification(HOST_OOM, f"the kernel's OOM killer ended it ({ev.oom_kill})",
                               "host_oom")
-    if state in ("COMPLETED",) or (ev.exit_code == 0 and not ev.exit_signal and
-                                   state not in ("CANCELLED", "FAILED")):
+    if succeeded:
         return Classification(SUCCESS, "exit 0", "")
     if state == "CANCELLED":
         return Classification(CANCELLED, "cancelled (scancel)", "cancelled")

@@ -77,6 +77,7 @@ def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
     job = SlurmJob.of(info)
     evidence = Evidence(exit_code=ctx.exit_code, exit_signal=ctx.exit_signal,
                         staging_error=_refusal(store, ctx.attempt, events),
+                        unchecked=_unchecked(ctx, cfg, store, events),
                         slurm_state=job.final_state, supervisor_events=supervisor_events,
                         gpu_check_failed=gpu_check_failed, unconfirmed=unconfirmed,
                         output_tail=tail)
@@ -98,6 +99,16 @@ def _refusal(store: JobStore, attempt: int, events: list[ev.Event]) -> str:
                 or isinstance(event, ev.DirectivesInvalid)):
             return event.error
     return ""
+
+
+def _unchecked(ctx: JobContext, cfg: Config, store: JobStore, events: list[ev.Event]) -> str:
+    """Why this attempt is unchecked here: root has no prolog record of it on this node
+    (Slurm skipped the Prolog), and the task-prolog ended it ("" otherwise)."""
+    if cfg.hooks.unchecked_attempt != "requeue" or store.prolog_ran(ctx.node, ctx.attempt,
+                                                                    events):
+        return ""
+    return (f"jobwrap's prolog did not run on {ctx.node} for attempt {ctx.attempt} "
+            f"(Slurm skipped it)")
 
 
 def this_attempt(tail: str, attempt: int) -> str:

@@ -4,8 +4,9 @@ Rules, in order: never after success or a cancel, never with --no-requeue; never
 --max-restarts (the crash-loop limit); never for a class that retrying cannot fix
 (CUDA out of memory); not when the same user-code error repeats; not when the last
 attempts made no checkpoint progress (faults that are not the job's own, such as a
-GPU fault or a node failure, do not count against it). A hardware fault also drains
-the node (done by the post-job check) and excludes it for this job.
+GPU fault, a node failure or a prolog Slurm skipped, do not count against it). A
+hardware fault also drains the node (done by the post-job check) and excludes it for
+this job; a node that skipped the prolog is excluded too, not drained.
 
 Falling back: an attempt that resumed from checkpoint C and failed by the job's own
 kind of failure (``FALLBACK_KINDS``) before a newer checkpoint appeared makes C suspect
@@ -26,6 +27,7 @@ from wrapper.restart.classify import (
     NODE_FAILURE,
     NOT_THE_JOBS_FAULT,
     SUCCESS,
+    UNCHECKED,
     USER_ERROR,
     Classification,
 )
@@ -99,7 +101,9 @@ def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: 
         if len(recent) >= no_progress_limit and _no_progress(recent):
             return Decision("stop", f"no checkpoint progress in the last {len(recent)} "
                             f"attempts (latest step {checkpoint_step}); a retry cannot help")
-    exclude = [node] if now.kind in (HARDWARE, NODE_FAILURE) and node else []
+    # Away from a node that failed, and from one whose slurmd skipped the prolog: it may
+    # skip it again as long as its credential cache holds the job.
+    exclude = [node] if now.kind in (HARDWARE, NODE_FAILURE, UNCHECKED) and node else []
     resume = f"; resumes from {checkpoint_path}" if checkpoint_path else \
         "; no valid checkpoint yet, starts from the beginning"
     return Decision("requeue", f"{now.kind} ({now.detail}): requeued as attempt "

@@ -45,13 +45,7 @@ def ended_attempt(ctx: JobContext, store: JobStore) -> JobContext:
     epilogs = {e.attempt for e in here if isinstance(e, ev.EpilogContext)}
     open_here = prologs - epilogs
     if ctx.attempt in prologs or not open_here:
-        if ctx.attempt not in prologs and prologs:
-            from wrapper import log
-
-            log.get().warning("epilog.prolog_skipped", attempt=ctx.attempt,
-                              why="Slurm ran no Prolog for this attempt on this node "
-                                  "(a requeued job back on it within seconds)")
-        return ctx
+        return ctx  # a skipped Prolog here is the epilog's to record (AttemptUnchecked)
     return replace(ctx, attempt=max(open_here))
 
 

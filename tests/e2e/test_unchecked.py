@@ -1,0 +1,91 @@
+"""No attempt runs its code on a node where jobwrap's prolog did not run for it.
+
+The skip, reproduced: slurmd before 23.02 purges a requeued job from its credential cache
+only when its cache scan (at most every 2 s) runs at the relaunch; on a node where another
+job launches steps all the time the scan has just run, so a job requeued back onto that
+node within seconds gets no Prolog there (Slurm bug 15656). Here job A fails once and
+comes back to n1, where job B launches a step after another, while n2 and n3 are full.
+On 22.05 the task-prolog must end attempt 1 there before the job's code runs, and the
+first node's epilog must requeue it away from n1 (class ``unchecked``): it then runs on
+n2, checked. On 25.11 (its cache keyed by each run's SLUID) the prolog runs every attempt.
+On both, every attempt whose code ran has root's prolog record on its node.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+from wrapper.sandbox.cluster import Cluster
+from wrapper.state import JobState
+
+JOB_A = """#!/bin/bash
+#SBATCH --output=unchecked-%j.out
+#SBATCH --open-mode=append
+echo "code ran: attempt ${JOBWRAP_ATTEMPT:-?} on $SLURMD_NODENAME"
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 2; exit 1; fi
+echo finished
+"""
+BUSY = "#!/bin/bash\nwhile true; do srun -n1 -c1 true; done\n"
+FILL = "#!/bin/bash\nsleep 600\n"
+
+
+def _slurm_before_23_02(cluster: Cluster) -> bool:
+    out = subprocess.run(["scontrol", "--version"], env=cluster.env(), capture_output=True,
+                         text=True, check=True).stdout
+    major, minor = (int(x) for x in re.findall(r"(\d+)\.(\d+)", out)[0])
+    return (major, minor) < (23, 2)
+
+
+def test_an_attempt_slurm_ran_without_the_prolog_never_runs_the_jobs_code(
+        cluster: Cluster) -> None:
+    old_slurm = _slurm_before_23_02(cluster)
+    fillers = [cluster.submit(FILL, "-w", node, "-c2", name=f"fill-{node}.sh")
+               for node in ("n2", "n3")]
+    busy = cluster.submit(BUSY, "-w", "n1", "-c1", name="busy.sh")
+    jobs = [*fillers, busy]
+    try:
+        for job in jobs:
+            cluster.wait_job(job, states={"RUNNING"})
+        job_id = cluster.submit(JOB_A, "-N1", "-c1", "--requeue", name="unchecked.sh")
+        jobs.append(job_id)
+        state = JobState(cluster.state_dir, job_id)
+        deadline = time.monotonic() + 150
+        freed = False
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            events = state.events(root_only=True)
+            if not freed and any(e["event"] == "attempt.end" and e["kind"] == "unchecked"
+                                 for e in events):
+                subprocess.run(["scancel", fillers[0]], env=cluster.env(), check=True)
+                freed = True  # n2 free: the job, kept off n1, goes there
+            info = cluster.job(job_id)
+            if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"):
+                break
+            time.sleep(0.3)
+        output = (cluster.work / f"unchecked-{job_id}.out").read_text()
+        assert info.get("JobState") == "COMPLETED", (info, output)
+        events = state.events(root_only=True)
+        prologs = {(e["node"], e["attempt"]) for e in events if e["event"] == "prolog.context"}
+        ran = [(node, int(attempt)) for attempt, node in
+               re.findall(r"^code ran: attempt (\d+) on (\S+)$", output, re.M)]
+        assert ran, output
+        for node, attempt in ran:  # the invariant, on every Slurm
+            assert (node, attempt) in prologs, (f"attempt {attempt} ran its code on {node} "
+                                                f"unchecked", output)
+        ends = {e["attempt"]: e for e in events if e["event"] == "attempt.end"}
+        skipped = [e for e in events if e["event"] == "attempt.unchecked"]
+        if old_slurm:  # reproduced, caught, and healed off the node
+            assert ends[1]["kind"] == "unchecked", (ends, output)
+            assert ends[1]["decision"] == "requeue" and ends[1]["exclude"] == ["n1"]
+            assert [(e["node"], e["attempt"]) for e in skipped] == [("n1", 1)]
+            assert "jobwrap: the job did not start on n1: jobwrap's prolog did not run on " \
+                   "n1 for attempt 1" in output
+            assert ("n1", 1) not in ran
+            assert ran[-1] == ("n2", 2), output
+        else:  # the prolog ran for every attempt: nothing to catch
+            assert skipped == [] and ran == [("n1", 0), ("n1", 1)], output
+        assert "finished" in output
+    finally:
+        subprocess.run(["scancel", *jobs], env=cluster.env(), check=False)
