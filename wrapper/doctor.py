@@ -88,6 +88,8 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
     else:
         slurm_findings, slurm_version = _check_slurm_commands(cfg, runner, environ, conf)
         findings.extend(slurm_findings)
+        if slurm_version:
+            findings.append(check_prolog_every_attempt(slurm_version, cfg))
     versions = {"jobwrap": __version__, "slurm": slurm_version or "unknown",
                 "python": platform.python_version()}
     findings.append(Finding("versions", "pass", ", ".join(f"{k} {v}"
@@ -257,6 +259,28 @@ def _check_requeue(conf: SlurmConf) -> Finding:
     return Finding("slurm.job_requeue", "fail", f"JobRequeue={value}: failed jobs cannot be "
                    "requeued, so jobwrap cannot restart them",
                    f"set JobRequeue=1 in {conf.path} (or install jobwrap's job_submit.lua)")
+
+
+def check_prolog_every_attempt(version: str, cfg: Config) -> Finding:
+    """Whether this Slurm runs the Prolog for every attempt of a requeued job: slurmd
+    before 23.02 skips it for a job back on a node within seconds (its credential cache
+    still holds the job id: Slurm bug 15656, fixed by 23.02's commit 420a659f98)."""
+    numbers = re.match(r"(\d+)\.(\d+)", version)
+    if numbers is None:
+        return Finding("slurm.prolog_every_attempt", "warn", f"Slurm version {version!r} not "
+                       "understood: whether it skips the Prolog of a requeued job is unknown",
+                       "keep [hooks] unchecked_attempt = \"requeue\"")
+    if (int(numbers[1]), int(numbers[2])) >= (23, 2):
+        return Finding("slurm.prolog_every_attempt", "pass", f"Slurm {version} runs the "
+                       "Prolog for every attempt of a requeued job")
+    then = ("the task-prolog ends such an attempt before the job's code runs and it is "
+            "requeued away from that node") if cfg.hooks.unchecked_attempt == "requeue" \
+        else "such an attempt runs unchecked ([hooks] unchecked_attempt = \"run\")"
+    return Finding("slurm.prolog_every_attempt", "warn", f"Slurm {version} skips the Prolog "
+                   "of a job requeued back onto a node within seconds when another job "
+                   f"launches steps there (bug 15656, fixed in 23.02): {then}",
+                   "upgrade Slurm to 23.02 or later; until then keep [hooks] "
+                   "unchecked_attempt = \"requeue\"")
 
 
 def _check_timeout(conf: SlurmConf, cfg: Config) -> Finding:

@@ -33,6 +33,10 @@ FORGED = {
     "gpu.fault": "forge gpu.fault '\"reason\":\"xid gpu0: forged\"'\n"
                  "forge hang '\"idle_s\":999'\n"
                  "echo 'NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.'",
+    # a skipped prolog ("unchecked": retried, not counted, off the node) claimed by the job
+    "attempt.unchecked": "forge attempt.unchecked '\"reason\":\"forged\",\"excluded\":true'\n"
+                         "echo \"jobwrap: the job did not start on $SLURMD_NODENAME: jobwrap's "
+                         "prolog did not run on $SLURMD_NODENAME for attempt $JOBWRAP_ATTEMPT\"",
     # issue 22, item 2: one line no JSON reader can take (RecursionError in json.loads)
     # once crashed the epilog before its decision, the requeued prolog's resume lookup
     # and the watcher; a 300 KiB line and a NaN beside it
