@@ -3,7 +3,10 @@
 Same options and the same restart policy as the directives: each new attempt gets
 ``JOBWRAP_ATTEMPT`` and, when a valid checkpoint exists, ``JOBWRAP_RESUME_FROM``.
 Signals sent to jobwrap (Slurm's pre-timeout signal, scancel's SIGTERM) are forwarded
-to the command's process group; after a SIGTERM or SIGINT there is no restart.
+to the command's process group; after a SIGTERM or SIGINT there is no restart. Nor is
+there when root found a node of the job faulty (a watcher's GPU fault, a drain with
+jobwrap's reason, a node Slurm lost): the command's status ends the job, and the
+epilog's requeue puts it on healthy nodes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import field
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from wrapper import log
 from wrapper.config import Config
@@ -25,6 +29,9 @@ from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
 from wrapper.restart.classify import Evidence, classify
 from wrapper.restart.policy import PastAttempt, decide
+
+if TYPE_CHECKING:
+    from wrapper.slurm import SlurmBackend
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)
@@ -63,6 +70,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         signal.signal(signum, forwarder)
     max_restarts = resume_mod.max_restarts(options, cfg)
     base_attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    _record_start(cfg, command, base_attempt)
     attempt = 0
     while True:
         resume = _latest(options)
@@ -101,10 +109,66 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
             + ("restarting in place" if decision.requeue else f"stopping: {decision.reason}"))
         if not decision.requeue:
             return code if code else 128 + sig
+        faulty = faulty_nodes(cfg, base_attempt)
+        if faulty:  # never restart in place on a node root found faulty: the queue's turn
+            where = "; ".join(f"{node}: {why}" for node, why in sorted(faulty.items()))
+            say(f"jobwrap run: not restarting in place: a node of the job is faulty ({where}); "
+                "ending, so that jobwrap requeues the job away from it")
+            return code if code else 128 + sig
         state.history.append(PastAttempt(attempt, verdict.kind, verdict.signature,
                                          after[1] if after else None,
                                          after[0] if after else None))
         attempt += 1
+
+
+def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None
+                 ) -> dict[str, str]:
+    """``{node: why}`` for the job's nodes root found faulty during this attempt: a node
+    watcher's fault in root's record here, a node drained with a jobwrap reason, a node
+    Slurm lost. Root's and Slurm's facts only; outside a job, or when Slurm cannot be
+    asked, nothing (the next attempt's own watchers still follow it)."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return {}
+    from wrapper.errors import JobwrapError
+    from wrapper.slurm.parse import expand_hostlist
+    from wrapper.slurm.records import node_lost
+    from wrapper.state import for_job
+    from wrapper.watch.remote import faults_elsewhere, node_records
+
+    try:
+        nodes = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))
+        if backend is None:
+            from wrapper import slurm
+
+            backend = slurm.backend(cfg.slurm)
+        events = for_job(cfg, job_id).events(root_only=True)
+        found = faults_elsewhere(backend, nodes, "", attempt, events)
+        for node, info in node_records(backend, [n for n in nodes if n not in found], ""):
+            if node_lost(info):
+                found[node] = f"Slurm lost it ({info.get('State', '')})"
+    except (JobwrapError, OSError) as exc:
+        log.get().warning("run.faults_unknown", error=str(exc))
+        return {}
+    return found
+
+
+def _record_start(cfg: Config, command: Sequence[str], attempt: int) -> None:
+    """Note in the job's (the user's) event file that the command runs under ``jobwrap
+    run``; outside a Slurm job, or without the job's state folder, nothing."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return
+    from wrapper.errors import JobwrapError
+    from wrapper.job import events as ev
+    from wrapper.job.store import JobStore
+
+    try:
+        JobStore.of(cfg, job_id).record(ev.RunStarted(
+            attempt=attempt, node=os.environ.get("SLURMD_NODENAME", ""),
+            command=" ".join(command)[:400]))
+    except (JobwrapError, OSError) as exc:
+        log.get().debug("run.not_recorded", error=str(exc))
 
 
 def _latest(options: JobOptions) -> tuple[str, int | None] | None:

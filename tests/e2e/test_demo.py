@@ -68,6 +68,15 @@ def test_the_demo_tells_each_part(cluster: Cluster, tmp_path: Path) -> None:
     assert "attempt=1 epoch=4 " in out and "attempt=1 epoch=3 " not in out, out
     assert out.rstrip().endswith(f"done epochs=8 weights={uninterrupted_weights(tmp_path)}"), out
     assert "2 attempts" in train["status"] and "decision     requeue" in train["status"]
+    # the requeue says what `jobwrap run` would have kept; with it, the same kill is
+    # restarted inside the allocation: no requeue, the same weights
+    assert "`jobwrap run -- CMD`" in out, out
+    inplace = train["inplace"]
+    assert (inplace["job_state"], inplace["restarts"]) == ("COMPLETED", "0"), inplace
+    assert "jobwrap run: attempt 0 ended: killed" in inplace["output"], inplace["output"]
+    assert "attempt=1 resume_from=" in inplace["output"], inplace["output"]
+    assert inplace["output"].rstrip().endswith(
+        f"done epochs=8 weights={uninterrupted_weights(tmp_path)}"), inplace["output"]
 
     # 4. the archive lists the job and shows its manifest
     job = train["job"]

@@ -138,6 +138,9 @@ def test_epilog_decision_matrix(tmp_path: Path, kind: str, history: str,
         assert ("--exclude" in argv) == (kind in ("hardware", "node_failure", "unchecked"))
     told = Path(record.stdout).read_text()
     assert (f"jobwrap: attempt {ctx.attempt} ended: {kind}" in told) == (kind != "success")
+    # A requeue that `jobwrap run` would have kept inside the allocation says so.
+    assert ("`jobwrap run -- CMD`" in told) == (
+        requeued and kind in ("killed", "user_error", "collective_timeout"))
 
 
 def test_a_refused_requeue_is_recorded_not_raised(tmp_path: Path) -> None:

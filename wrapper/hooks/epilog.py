@@ -223,7 +223,9 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
 
     after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
                   decision=decision.action, reason=decision.reason, user=record.user)
-    apply.tell_the_job(ctx, record, user, verdict, decision)
+    used_run = any(isinstance(e, ev.RunStarted) for e in store.user_claims(ctx.attempt))
+    apply.tell_the_job(ctx, record, user, verdict, decision,
+                       apply.in_place_hint(verdict, decision, used_run=used_run))
     from wrapper.watch.forensics import conclude
 
     conclude(state, ctx.job_id, ctx.attempt, record.stdout, user)  # a hang's stuck rank(s)

@@ -435,6 +435,15 @@ class TaskPrologContext(Event):
     exports: dict[str, str] = field(default_factory=dict)
 
 
+@kind("run.started", writer="user")
+@dataclass(frozen=True)
+class RunStarted(Event):
+    """``jobwrap run`` started the job's command: it restarts it inside the allocation.
+    The user's word, read only to tell a job that did not use it what it would gain."""
+
+    command: str = ""
+
+
 @kind("supervisor.start", writer="user")
 @dataclass(frozen=True)
 class SupervisorStart(_BySupervisor):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from wrapper import log
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
+from wrapper.restart.classify import COLLECTIVE_TIMEOUT, KILLED, USER_ERROR, Classification
 from wrapper.restart.evidence import USER_IO_TIMEOUT, Gathered
 from wrapper.restart.policy import Decision
 
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from wrapper.job.store import JobStore
     from wrapper.jobrecord import JobRecord
     from wrapper.osl.users import UserIds
-    from wrapper.restart.classify import Classification
     from wrapper.slurm import SlurmBackend
     from wrapper.slurm.context import JobContext
 
@@ -86,8 +86,24 @@ def requeue(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend
     return True
 
 
+# What ``jobwrap run`` restarts inside the allocation as well as a requeue would: a rank
+# killed or crashed, a collective that lost its peer. (A hang ends the whole job, and a
+# node's fault wants other nodes: those go through the queue either way.)
+IN_PLACE_KINDS = frozenset({KILLED, USER_ERROR, COLLECTIVE_TIMEOUT})
+
+
+def in_place_hint(verdict: Classification, decision: Decision, *, used_run: bool) -> str:
+    """What the job's output adds when a requeue gave the nodes back for a failure that
+    ``jobwrap run`` would have restarted inside the allocation ("" otherwise)."""
+    if not decision.requeue or used_run or verdict.kind not in IN_PLACE_KINDS:
+        return ""
+    return (" This restart goes through Slurm's queue and gives the job's nodes back; "
+            "with `jobwrap run -- CMD` around the job's command in the batch script it "
+            "would restart inside the allocation, in seconds (docs/recovery.md).")
+
+
 def tell_the_job(ctx: JobContext, record: JobRecord, user: UserIds, verdict: Classification,
-                 decision: Decision) -> None:
+                 decision: Decision, hint: str = "") -> None:
     """One line in the job's own output: what ended the attempt and what happens next."""
     if decision.action == "done" or not record.stdout:
         return
@@ -95,7 +111,7 @@ def tell_the_job(ctx: JobContext, record: JobRecord, user: UserIds, verdict: Cla
     from wrapper.osl.files import append_text_line
 
     message = f"jobwrap: attempt {ctx.attempt} ended: {verdict.kind} ({verdict.detail}). " \
-              f"{'Requeued' if decision.requeue else 'Not requeued'}: {decision.reason}"
+              f"{'Requeued' if decision.requeue else 'Not requeued'}: {decision.reason}{hint}"
     try:
         call_as(user, append_text_line, record.stdout, message, timeout=USER_IO_TIMEOUT)
     except JobwrapError as exc:

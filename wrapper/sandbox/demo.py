@@ -2,7 +2,9 @@
 
 1. a bad GPU: its node drained with jobwrap's precise reason, the job runs on the other;
 2. staging: a dataset copied to the job's scratch, and a second job served by the cache;
-3. a PyTorch Lightning job killed mid-run, resumed from its checkpoint; ``jobwrap status``;
+3. a PyTorch Lightning job killed mid-run, resumed from its checkpoint through a requeue;
+   ``jobwrap status``; the same job under ``jobwrap run --``, restarted inside its
+   allocation;
 4. the archive: ``jobwrap archive list`` and ``archive show`` (the manifest);
 5. the login guard, dry run, flagging a ``torchrun`` started on the "login node";
 6. ``jobwrap doctor`` on the sandbox.
@@ -59,6 +61,11 @@ TRAIN_JOB = """#!/bin/bash
 export PYTHONWARNINGS=ignore
 KILL_AT=4 {python} lightning_train.py 8
 """
+
+# The same job with one line changed: ``jobwrap run --`` restarts it inside the allocation.
+INPLACE_JOB = TRAIN_JOB.replace("demo-train", "demo-inplace").replace(
+    "train-%j.out", "inplace-%j.out").replace("ckpt-demo", "ckpt-demo-inplace").replace(
+    "KILL_AT=4 {python}", "KILL_AT=4 {jobwrap} run -- {python}")
 
 MAKE_DATASET = """import os, shutil, sys
 data = sys.argv[1]
@@ -192,7 +199,27 @@ def resume(cluster: Cluster, echo: Echo) -> dict[str, Any]:
     echo(f"\n$ jobwrap status {job_id}")
     echo(indent(status.stdout.rstrip() or status.stderr.rstrip()))
     return {"job": job_id, "job_state": info.get("JobState"), "output": out,
-            "status": status.stdout}
+            "status": status.stdout, "inplace": in_place(cluster, echo, python)}
+
+
+def in_place(cluster: Cluster, echo: Echo, python: Path) -> dict[str, Any]:
+    """The same job and kill, its command under ``jobwrap run --``: restarted inside the
+    allocation, without Slurm's queue."""
+    shutil.rmtree(cluster.work / "ckpt-demo-inplace", ignore_errors=True)
+    launcher = cluster.runtime / "venv" / "bin" / "jobwrap"
+    job_id = cluster.submit(INPLACE_JOB.format(python=python, jobwrap=launcher),
+                            name="inplace.sh")
+    echo(f"\nthe same job with one line changed, its command under `jobwrap run --` "
+         f"(job {job_id}):\n    KILL_AT=4 jobwrap run -- python lightning_train.py 8")
+    started = time.monotonic()
+    info = wait_job(cluster, echo, job_id, timeout=240)
+    out = read(cluster.work / f"inplace-{job_id}.out")
+    echo(f"job {job_id} {info.get('JobState')} after {info.get('Restarts')} requeue(s), in "
+         f"{time.monotonic() - started:.0f} s; restarted inside its allocation:")
+    echo(indent("\n".join(line for line in out.splitlines() if line.startswith(
+        ("jobwrap run:", "attempt 0:", "done")))))
+    return {"job": job_id, "job_state": info.get("JobState"),
+            "restarts": info.get("Restarts"), "output": out}
 
 
 # -- part 4 --------------------------------------------------------------------------------
