@@ -206,7 +206,9 @@ for name, act in [("write", lambda: open(path, "r+b")), ("truncate", lambda: os.
 print(" ".join(out))
 """
     other = scratch / "data" / "mine"
-    done = subprocess.run([sys.executable, "-I", "-c", script, str(linked), str(other)],
+    # the interpreter itself, not the venv's link to it (under root's 0700 home in CI)
+    done = subprocess.run([os.path.realpath(sys.executable), "-I", "-c", script, str(linked),
+                           str(other)],
                           user=user.uid, group=user.gid, extra_groups=[], check=True,
                           capture_output=True, text=True, cwd="/")
     # (a link may be allowed where protected_hardlinks is off; it shares the read-only

@@ -59,6 +59,8 @@ def expected(kind: str, history: str, allowed: bool) -> str:
     """The decision, written down from the policy's rules rather than computed by them."""
     if kind == "success":
         return "done"
+    if kind == "unchecked" and allowed:
+        return "requeue"  # its code did not run: it spends none of the job's restarts
     if kind in NEVER_RETRIED or not allowed or history == "at_limit":
         return "stop"
     if history == "one_failure_before" and kind not in NOT_COUNTED:

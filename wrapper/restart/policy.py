@@ -81,15 +81,25 @@ def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: 
         return Decision("stop", f"{now.kind}: not requeued (--no-requeue)")
     if not now.retryable:
         return Decision("stop", f"{now.kind}: a retry would fail the same way ({now.detail})")
-    if attempt >= max_restarts:
-        return Decision("stop", f"{now.kind}: restart limit reached ({attempt} of "
+    # An attempt Slurm ran without jobwrap's prolog never ran the job's code: it spends
+    # none of the job's restarts (at most max_restarts of its own, so a loop still ends).
+    skipped = sum(1 for h in history if h.kind == UNCHECKED)
+    if now.kind == UNCHECKED and skipped + 1 > max_restarts:
+        return Decision("stop", f"{now.kind}: Slurm skipped jobwrap's prolog {skipped + 1} "
+                        f"times (at most --max-restarts={max_restarts}); upgrade Slurm to "
+                        "23.02 or later and resubmit")
+    ran = attempt - skipped - (1 if now.kind == UNCHECKED else 0)
+    if now.kind != UNCHECKED and ran >= max_restarts:
+        return Decision("stop", f"{now.kind}: restart limit reached ({ran} of "
                         f"--max-restarts={max_restarts}); fix the cause and resubmit")
     if fallback is not None:
         bad, older = fallback
         return Decision("requeue", f"{now.kind} ({now.detail}) right after resuming from "
                         f"{bad}: that checkpoint is suspect; requeued as attempt "
-                        f"{attempt + 1} of at most {max_restarts}; falls back to {older}")
-    previous = history[-1] if history else None
+                        f"{attempt + 1}, restart {ran + 1} of at most {max_restarts}; "
+                        f"falls back to {older}")
+    ran_before = [h for h in history if h.kind != UNCHECKED]
+    previous = ran_before[-1] if ran_before else None
     if (now.kind == USER_ERROR and previous is not None and previous.kind == USER_ERROR
             and previous.signature == now.signature):
         return Decision("stop", f"the same error ended attempts {previous.attempt} and "
@@ -106,8 +116,11 @@ def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: 
     exclude = [node] if now.kind in (HARDWARE, NODE_FAILURE, UNCHECKED) and node else []
     resume = f"; resumes from {checkpoint_path}" if checkpoint_path else \
         "; no valid checkpoint yet, starts from the beginning"
+    limit = f"{attempt + 1} of at most {max_restarts}" if ran == attempt else \
+        f"{attempt + 1}, restart {ran + 1} of at most {max_restarts}" if now.kind != UNCHECKED \
+        else f"{attempt + 1} (no restart of the job's: its code did not run)"
     return Decision("requeue", f"{now.kind} ({now.detail}): requeued as attempt "
-                    f"{attempt + 1} of at most {max_restarts}{resume}", exclude)
+                    f"{limit}{resume}", exclude)
 
 
 def _no_progress(attempts: list[PastAttempt]) -> bool:
