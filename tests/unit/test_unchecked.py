@@ -25,7 +25,7 @@ from wrapper.hooks.epilog import decide_attempt
 from wrapper.job import events as ev
 from wrapper.job.store import JobStore
 from wrapper.restart.classify import Classification
-from wrapper.restart.policy import PastAttempt, decide
+from wrapper.restart.policy import Decision, PastAttempt, decide
 from wrapper.slurm.context import JobContext
 
 
@@ -98,41 +98,35 @@ def test_with_unchecked_attempt_run_the_attempt_is_judged_as_it_ran(tmp_path: Pa
     assert end.kind == "user_error"
 
 
-def _past(attempt: int, kind: str, signature: str = "") -> PastAttempt:
-    return PastAttempt(attempt, kind, signature or kind, None)
+def _decide(kind: str, signature: str, attempt: int, max_restarts: int,
+            history: list[tuple[str, str]]) -> Decision:
+    """The policy for ``attempt`` ending in ``kind``, after ``history``'s (kind, signature)."""
+    return decide(Classification(kind, signature, signature), attempt=attempt,
+                  max_restarts=max_restarts, no_requeue=False,
+                  history=[PastAttempt(i, k, sig, None) for i, (k, sig) in enumerate(history)],
+                  checkpoint_step=None, checkpoint_path=None, node="n1", no_progress_limit=0)
 
 
 def test_an_attempt_slurm_ran_unchecked_spends_none_of_the_jobs_restarts() -> None:
-    killed = Classification("killed", "SIGKILL", "killed")
     # attempts 0 (killed) and 1 (unchecked): attempt 2 is the job's 1st restart of 1
-    at_limit = decide(killed, attempt=2, max_restarts=1, no_requeue=False,
-                      history=[_past(0, "killed"), _past(1, "unchecked")],
-                      checkpoint_step=None, checkpoint_path=None, node="n1",
-                      no_progress_limit=0)
+    at_limit = _decide("killed", "killed", 2, 1, [("killed", "killed"),
+                                                   ("unchecked", "unchecked")])
     assert at_limit.action == "stop" and "restart limit reached (1 of" in at_limit.reason
-    room = decide(killed, attempt=1, max_restarts=1, no_requeue=False,
-                  history=[_past(0, "unchecked")], checkpoint_step=None,
-                  checkpoint_path=None, node="n1", no_progress_limit=0)
+    room = _decide("killed", "killed", 1, 1, [("unchecked", "unchecked")])
     assert room.action == "requeue" and "restart 1 of at most 1" in room.reason
 
 
 def test_slurm_skipping_the_prolog_again_and_again_ends() -> None:
-    unchecked = Classification("unchecked", "no prolog on n1", "unchecked")
-    again = decide(unchecked, attempt=2, max_restarts=2, no_requeue=False,
-                   history=[_past(0, "user_error", "exit:1"), _past(1, "unchecked")],
-                   checkpoint_step=None, checkpoint_path=None, node="n1")
+    again = _decide("unchecked", "unchecked", 2, 2, [("user_error", "exit:1"),
+                                                     ("unchecked", "unchecked")])
     assert again.action == "requeue" and again.exclude_nodes == ["n1"]
     assert "its code did not run" in again.reason
-    stop = decide(unchecked, attempt=2, max_restarts=1, no_requeue=False,
-                  history=[_past(0, "unchecked"), _past(1, "unchecked")],
-                  checkpoint_step=None, checkpoint_path=None, node="n1")
+    stop = _decide("unchecked", "unchecked", 2, 1, [("unchecked", "unchecked")] * 2)
     assert stop.action == "stop" and "skipped jobwrap's prolog 3 times" in stop.reason
 
 
 def test_the_same_error_on_both_sides_of_a_skip_is_still_the_same_error() -> None:
-    error = Classification("user_error", "ValueError: x", "ValueError: x")
-    decision = decide(error, attempt=2, max_restarts=5, no_requeue=False,
-                      history=[_past(0, "user_error", "ValueError: x"), _past(1, "unchecked")],
-                      checkpoint_step=None, checkpoint_path=None, node="n1")
+    decision = _decide("user_error", "ValueError: x", 2, 5, [("user_error", "ValueError: x"),
+                                                             ("unchecked", "unchecked")])
     assert decision.action == "stop" and "the same error ended attempts 0 and 2" in \
         decision.reason
