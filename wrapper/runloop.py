@@ -1,6 +1,7 @@
 """``jobwrap run [options] -- CMD ...``: restart CMD inside the allocation, no queue wait.
 
-Same options and the same restart policy as the directives: each new attempt gets
+Same options and the same restart policy as the directives, whose values it takes
+where its own command line gives none: each new attempt gets
 ``JOBWRAP_ATTEMPT`` and, when a valid checkpoint exists, ``JOBWRAP_RESUME_FROM``.
 Signals sent to jobwrap (Slurm's pre-timeout signal, scancel's SIGTERM) are forwarded
 to the command's process group; after a SIGTERM or SIGINT there is no restart. Nor is
@@ -68,6 +69,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
     forwarder = Forwarder(state)
     for signum in FORWARDED:
         signal.signal(signum, forwarder)
+    options = with_directives(options, cfg)
     max_restarts = resume_mod.max_restarts(options, cfg)
     base_attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     _record_start(cfg, command, base_attempt)
@@ -119,6 +121,30 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
                                          after[1] if after else None,
                                          after[0] if after else None))
         attempt += 1
+
+
+def with_directives(options: JobOptions, cfg: Config) -> JobOptions:
+    """``options`` over the job's own ``#JOBWRAP`` directives (root's record of the job):
+    a script that wraps its command in ``jobwrap run --`` need not repeat them. Outside a
+    job, or without its record, ``options`` alone."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return options
+    from wrapper import jobrecord
+    from wrapper.errors import JobwrapError
+    from wrapper.state import for_job
+
+    try:
+        record = jobrecord.load(for_job(cfg, job_id))
+    except (JobwrapError, OSError):
+        return options
+    # what the command line set (0 restarts is a value; None, () and False are unset)
+    given = {k: v for k, v in options.as_dict().items()
+             if v is not None and v is not False and v != ()}
+    merged = {**record.job_options.as_dict(), **given}
+    if "checkpoint_dir" not in given and record.checkpoint_dir:
+        merged["checkpoint_dir"] = record.checkpoint_dir  # relative to the job's work dir
+    return JobOptions.from_dict(merged)
 
 
 def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None

@@ -74,7 +74,12 @@ def test_the_demo_tells_each_part(cluster: Cluster, tmp_path: Path) -> None:
     inplace = train["inplace"]
     assert (inplace["job_state"], inplace["restarts"]) == ("COMPLETED", "0"), inplace
     assert "jobwrap run: attempt 0 ended: killed" in inplace["output"], inplace["output"]
-    assert "attempt=1 resume_from=" in inplace["output"], inplace["output"]
+    # jobwrap run took the checkpoint folder from the job's #JOBWRAP line
+    assert "jobwrap run: attempt 1: resuming from" in inplace["output"], inplace["output"]
+    assert "attempt=1 resume_from=" in inplace["output"] and \
+        "epoch=3-step=4.ckpt" in inplace["output"], inplace["output"]
+    assert "attempt=1 epoch=4 " in inplace["output"], inplace["output"]
+    assert "attempt=1 epoch=3 " not in inplace["output"], inplace["output"]
     assert inplace["output"].rstrip().endswith(
         f"done epochs=8 weights={uninterrupted_weights(tmp_path)}"), inplace["output"]
 

@@ -61,6 +61,8 @@ def test_task_prolog_exports(site: dict[str, Path]) -> None:
     assert out.getvalue().splitlines() == [
         "export JOBWRAP_ATTEMPT=1",
         f"export JOBWRAP_SCRATCH={site['scratch']}/31",
+        # not /etc/jobwrap/config.toml: jobwrap commands inside the job read the same one
+        f"export JOBWRAP_CONFIG={site['config']}",
         # attempt 1 of the batch step: the user is told why and from where it runs
         "print jobwrap: attempt 1; no valid checkpoint: starting from the beginning",
     ]

@@ -119,3 +119,29 @@ def test_no_restart_in_place_on_a_faulty_node(tmp_path: Path, monkeypatch: pytes
     assert code == 128 + signal.SIGKILL
     assert marker.read_text() == "run\n"  # started once, never again
     assert "not restarting in place: a node of the job is faulty (n2: jobwrap: xid)" in said[-1]
+
+
+def test_run_takes_the_jobs_directives_where_its_command_line_is_silent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from wrapper import jobrecord
+    from wrapper.jobrecord import JobRecord
+    from wrapper.runloop import with_directives
+
+    cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(os.getuid(), os.getgid())
+    state.write_json(jobrecord.RECORD, JobRecord(
+        job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(), nodes=["n1"], gpus=[],
+        work_dir=str(tmp_path), options={"checkpoint_dir": "ckpt", "max_restarts": 4,
+                                         "checkpoint_glob": "step_*"}).as_dict())
+    assert with_directives(parse_args([]), cfg) == parse_args([])  # not in a job
+    monkeypatch.setenv("SLURM_JOB_ID", JOB)
+    merged = with_directives(parse_args([]), cfg)
+    assert (merged.checkpoint_dir, merged.max_restarts, merged.checkpoint_glob) == \
+        (str(tmp_path / "ckpt"), 4, "step_*")
+    own = with_directives(parse_args(["--max-restarts=0", "--checkpoint-dir=/elsewhere"]), cfg)
+    assert (own.checkpoint_dir, own.max_restarts, own.checkpoint_glob) == \
+        ("/elsewhere", 0, "step_*")
+    monkeypatch.setenv("SLURM_JOB_ID", "999")  # no record of that job: its own options
+    assert with_directives(parse_args(["--max-restarts=2"]), cfg) == \
+        parse_args(["--max-restarts=2"])

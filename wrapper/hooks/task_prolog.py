@@ -29,10 +29,16 @@ if TYPE_CHECKING:
 
 def exports(ctx: JobContext, cfg: Config, record: jobrecord.JobRecord | None,
             resume_from: str | None) -> dict[str, str]:
-    return resume_mod.exports(
+    values = resume_mod.exports(
         attempt=ctx.attempt, scratch=str(JobPaths.of(cfg, ctx.job_id).scratch),
         checkpoint_dir=record.checkpoint_dir if record is not None else None,
         resume_from=resume_from)
+    from wrapper.config import DEFAULT_PATH, ENV_VAR
+
+    if os.path.isabs(cfg.source) and cfg.source != DEFAULT_PATH:
+        # jobwrap run and status inside the job read the hooks' own config
+        values[ENV_VAR] = cfg.source
+    return values
 
 
 def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None = None,
