@@ -11,11 +11,13 @@ job's manifest).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +27,9 @@ from wrapper.archive import store
 from wrapper.config import Config
 from wrapper.errors import JobwrapError, UserInputError
 from wrapper.state import JobState
+
+if TYPE_CHECKING:
+    from wrapper.archive.index import SqliteIndex
 
 
 def current_config() -> Config:
@@ -47,8 +52,10 @@ def archive() -> None:
 def list_archives(user: str | None, since: str | None, as_json: bool) -> None:
     """One line per archived job, oldest first."""
     cfg = current_config()
-    found = store.list_archives(cfg.paths.archive_root, user=user,
-                                since=parse_since(since, time.time()) if since else None)
+    start = parse_since(since, time.time()) if since else None
+    index = open_index(cfg)
+    found = index.jobs(since=start, user=user) if index is not None else \
+        store.list_archives(cfg.paths.archive_root, user=user, since=start)
     if as_json:
         click.echo(json.dumps([i.as_dict() for i in found], indent=2))
         return
@@ -101,9 +108,13 @@ def extract(job_id: str, dest: str, user: str | None) -> None:
 def prune(dry_run: bool, as_json: bool) -> None:
     """Remove whole job archives, oldest first, past [archive] max_age_days and max_total_gb."""
     cfg = current_config()
+    index = open_index(cfg)
     removals = store.prune(cfg.paths.archive_root, cfg.archive.max_age_days,
                            int(cfg.archive.max_total_gb * (1 << 30)), time.time(),
-                           dry_run=dry_run)
+                           dry_run=dry_run,
+                           archives=index.jobs() if index is not None else None)
+    if index is not None and not dry_run:
+        index.forget(r.info for r in removals)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in removals], indent=2))
         return
@@ -124,10 +135,12 @@ def status(job_id: str, as_json: bool) -> None:
     attempts = status_mod.timeline(JobState(Path(cfg.paths.state_dir), job_id))
     source = "state"
     manifest: dict[str, Any] = {}
+    index: SqliteIndex | None = None
     if not attempts:
         source = "archive"
+        index = open_index(cfg)
         try:
-            manifest = store.load_manifest(cfg.paths.archive_root, job_id)
+            manifest = _archived_manifest(cfg.paths.archive_root, job_id, index)
         except JobwrapError:
             raise UserInputError(f"no record of job {job_id}: nothing in this node's state "
                                  f"({cfg.paths.state_dir}) nor in the archive "
@@ -140,7 +153,9 @@ def status(job_id: str, as_json: bool) -> None:
     ledger = accounting.account(accounting.from_summaries(attempts), now=now)
     uid = JobState(Path(cfg.paths.state_dir), job_id).job_uid() if source == "state" else \
         _int((manifest.get("job") or {}).get("uid"))
-    suggestion = advice.for_job(cfg.paths.archive_root, ledger, uid, now)
+    if source == "state":
+        index = open_index(cfg)  # the cluster's MTBF for the advice
+    suggestion = advice.for_job(cfg.paths.archive_root, ledger, uid, now, index=index)
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "state": status_mod.job_state(attempts)
                                if attempts else None, "source": source,
@@ -150,6 +165,65 @@ def status(job_id: str, as_json: bool) -> None:
     else:
         click.echo(status_mod.render(job_id, attempts) + view.render(ledger, suggestion),
                    nl=False)
+
+
+@archive.command("index")
+@click.option("--rebuild", is_flag=True,
+              help="Build the index again from every manifest (when it is missing or "
+                   "damaged; it is also done on its own then).")
+def index_cmd(rebuild: bool) -> None:
+    """Fold the epilogs' spool into the archive's index (root; a timer's job)."""
+    cfg = current_config()
+    _indexer(cfg, rebuild)
+
+
+@archive.command()
+def reindex() -> None:
+    """Build the archive's index again from every manifest (root)."""
+    _indexer(current_config(), True)
+
+
+def _indexer(cfg: Config, rebuild: bool) -> None:
+    from wrapper.archive import index as index_mod
+
+    root = cfg.paths.archive_root
+    if not index_mod.may_read(root):
+        raise UserInputError(f"only root (the owner of {root}) keeps the archive's index")
+    if not os.path.isdir(root):
+        raise UserInputError(f"the archive root {root} does not exist: nothing to index")
+    index = index_mod.backend(cfg)
+    if rebuild:
+        index.rebuild(_say)
+        return
+    try:
+        index.check()
+    except index_mod.IndexFault as exc:
+        why = str(exc)
+        index.rebuild(lambda line: _say(f"{why}: built it again from the manifests; {line}"))
+        return
+    click.echo(f"folded {index.fold()} records into {index.path}", err=True)
+
+
+def open_index(cfg: Config) -> SqliteIndex | None:
+    """The archive's index, fresh, when this process may read it (root), else None."""
+    from wrapper.archive import index as index_mod
+
+    return index_mod.reading(cfg, _say)
+
+
+def _say(line: str) -> None:
+    click.echo(f"jobwrap: {line}", err=True)
+
+
+def _archived_manifest(root: str, job_id: str, index: SqliteIndex | None) -> dict[str, Any]:
+    """A job's manifest: its folder found through the index (one manifest read), else by
+    trying each user's folder the caller may enter."""
+    store.check_job_id(job_id)
+    users = index.locate(job_id) if index is not None else []
+    for user in users:
+        with contextlib.suppress(JobwrapError):
+            return store.load_manifest(root, job_id, user)
+    return store.load_manifest(root, job_id)
 
 
 # -- helpers -------------------------------------------------------------------------------

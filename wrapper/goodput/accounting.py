@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, field
+from dataclasses import asdict, field, fields
 from typing import TYPE_CHECKING, Any
 
 from wrapper.lean import dataclass
@@ -155,6 +155,16 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
     paths = [c for a in ordered for c in a.checkpoints if c.path]
     ledger.latest_checkpoint = max(paths, key=lambda c: c.ts).path if paths else None
     return ledger
+
+
+def ledger_from_dict(data: dict[str, Any]) -> Ledger:
+    """A ledger back from its ``as_dict`` (the archive index keeps it so)."""
+    known = {f.name for f in fields(AttemptLedger)}
+    attempts = [AttemptLedger(**{k: v for k, v in a.items() if k in known})
+                for a in data.get("attempts") or []]
+    return Ledger(**{k: v for k, v in data.items()
+                     if k in {f.name for f in fields(Ledger)} and k != "attempts"},
+                  attempts=attempts)
 
 
 def from_summaries(summaries: Iterable[AttemptSummary | dict[str, Any]]) -> list[Attempt]:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wrapper.goodput.accounting import RUNNING_CLASS, SUCCESS, Ledger
 from wrapper.lean import dataclass
+
+if TYPE_CHECKING:
+    from wrapper.archive.index import Index
 
 # The only classes that count against a node: both come from root's facts alone
 # (root's GPU probe or node watcher; Slurm's NODE_FAIL), never from the job's output.
@@ -126,7 +129,8 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
             report.ettr_histogram[f"<={bound:g}"] = sum(1 for v in values if v <= bound)
     report.worst_jobs = [{"job_id": j.job_id, "user": j.user, "ettr": e,
                           "failures": j.ledger.failures, "lost_s": j.ledger.lost_s}
-                         for e, j in sorted(ended, key=lambda p: p[0])[:5] if e < 1.0]
+                         for e, j in sorted(ended, key=lambda p: (p[0], p[1].user,
+                                                          p[1].job_id))[:5] if e < 1.0]
     return report
 
 
@@ -152,26 +156,41 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 def from_archive(root: str, *, since: float | None, now: float,
                  user: str | None = None) -> tuple[list[JobLedger], list[str]]:
-    """Every archived job's ledger (updated since ``since``), and what could not be read."""
+    """Every archived job's ledger (updated since ``since``) read from the manifests the
+    caller may read (each parsed once; folders older than ``since`` not opened), and what
+    could not be read. Without the index: an ordinary user's own folder."""
     from wrapper.archive import store
-    from wrapper.errors import JobwrapError
     from wrapper.goodput.accounting import account, from_summaries
 
     out: list[JobLedger] = []
     problems: list[str] = []
-    for info in store.list_archives(root, user=user, since=since):
-        try:
-            manifest = store.load_manifest(root, info.job_id, info.user)
-        except JobwrapError as exc:
-            problems.append(f"job {info.job_id} of {info.user}: {exc}")
-            continue
-        attempts = manifest.get("attempts")
+    for info, manifest in store.scan(root, user, since, sized=False):
+        attempts = (manifest or {}).get("attempts")
         if not isinstance(attempts, list):
-            problems.append(f"job {info.job_id} of {info.user}: its manifest lists no attempts")
+            problems.append(f"job {info.job_id} of {info.user}: " + (
+                "its manifest lists no attempts" if manifest is not None
+                else "its manifest does not parse"))
             continue
         summaries = [a for a in attempts if isinstance(a, dict)]
         out.append(JobLedger(info.job_id, info.user, account(from_summaries(summaries),
                                                              now=now)))
+    return out, problems
+
+
+def from_index(index: Index, *, since: float | None,
+               user: str | None = None) -> tuple[list[JobLedger], list[str]]:
+    """The same from the archive's index: no manifest opened (each job's ledger was
+    computed when it was indexed, as of its manifest's ``updated_at``)."""
+    from wrapper.goodput.accounting import ledger_from_dict
+
+    out: list[JobLedger] = []
+    problems: list[str] = []
+    for job_id, name, ledger in index.ledgers(since=since, user=user):
+        if ledger is None:
+            problems.append(f"job {job_id} of {name}: its manifest does not parse or lists "
+                            "no attempts")
+            continue
+        out.append(JobLedger(job_id, name, ledger_from_dict(ledger)))
     return out, problems
 
 
