@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
     from wrapper.config import Config
 
-SCHEMA = 1
+SCHEMA = 2  # 2: ledgers kept brief (accounting.ledger_brief)
 FOLDER = ".index"
 SPOOL = "spool"
 DATABASE = "archive.sqlite"
@@ -79,8 +79,9 @@ CREATE TABLE IF NOT EXISTS jobs (
   user TEXT NOT NULL, job_id TEXT NOT NULL, updated_at REAL NOT NULL, size INTEGER NOT NULL,
   complete INTEGER NOT NULL, name TEXT NOT NULL, uid INTEGER, attempts TEXT NOT NULL,
   run_s REAL NOT NULL, failures INTEGER NOT NULL, ledger TEXT, parsed INTEGER NOT NULL,
-  PRIMARY KEY (user, job_id)) WITHOUT ROWID;
+  UNIQUE (user, job_id));
 CREATE INDEX IF NOT EXISTS jobs_updated ON jobs (updated_at);
+CREATE INDEX IF NOT EXISTS jobs_window ON jobs (updated_at, run_s, failures);
 CREATE INDEX IF NOT EXISTS jobs_id ON jobs (job_id);
 PRAGMA user_version = {SCHEMA};
 """
@@ -137,7 +138,7 @@ def record_of(root: str, user: str, job_id: str, manifest: dict[str, Any] | None
               mtime: float) -> dict[str, Any]:
     """A job's index record (also the spool file's content) from its manifest, or from
     its folder alone when the manifest does not parse (``parsed`` false: no ledger)."""
-    from wrapper.goodput.accounting import account, from_summaries
+    from wrapper.goodput.accounting import account, from_summaries, ledger_brief
     from wrapper.goodput.report import NOT_A_FAILURE
 
     info = info_of(root, user, job_id, manifest or {}, size, mtime)
@@ -147,7 +148,7 @@ def record_of(root: str, user: str, job_id: str, manifest: dict[str, Any] | None
     if isinstance(attempts, list):
         built = account(from_summaries(a for a in attempts if isinstance(a, dict)),
                         now=info.updated_at)
-        ledger = built.as_dict()
+        ledger = ledger_brief(built)
         run_s = sum(a.ended_at - a.started_at for a in built.attempts)
         failures = sum(1 for a in built.attempts if a.kind not in NOT_A_FAILURE)
     job = (manifest or {}).get("job")
@@ -240,13 +241,20 @@ class SqliteIndex:
 
     def ledgers(self, *, since: float | None,
                 user: str | None) -> Iterator[tuple[str, str, dict[str, Any] | None]]:
-        for job_id, name, ledger in self._query(_LEDGERS[user is not None],
-                                                _args(since, user)):
-            yield job_id, name, None if ledger is None else json.loads(ledger)
+        import sqlite3
+
+        try:
+            for job_id, name, ledger in self._db().execute(_LEDGERS[user is not None],
+                                                           _args(since, user)):
+                yield job_id, name, None if ledger is None else json.loads(ledger)
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise IndexFault(f"the index {self.path} cannot be read ({exc})") from None
 
     def mtbf(self, since: float) -> float | None:
-        """Attempt run time per failure over the jobs updated since ``since`` (an aggregate
-        over indexed columns: what ``report.build`` says of the same jobs)."""
+        """Attempt run time per failure over the jobs updated since ``since``: what
+        ``report.build`` says of the same jobs, summed from the covering index
+        ``jobs_window`` alone (no table row read)."""
         rows = self._query("SELECT total(run_s), total(failures) FROM jobs "
                            "WHERE updated_at >= ?", (since,))
         run_s, failures = rows[0]
@@ -286,8 +294,14 @@ class SqliteIndex:
 
     def fold(self) -> int:
         """Fold the spool into the index; returns how many records it took."""
+        import sqlite3
+
         with self._writing() as (index_fd, spool_fd):
             con = self._db()
+            try:
+                con.executescript(_SCHEMA_SQL)  # what a newer jobwrap adds (IF NOT EXISTS)
+            except sqlite3.DatabaseError as exc:
+                raise IndexFault(f"the index {self.path} cannot be written ({exc})") from None
             taken = _fold(con, spool_fd)
             self._summarize(index_fd)
         return taken

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, field, fields
+from dataclasses import asdict, field
 from typing import TYPE_CHECKING, Any
 
 from wrapper.lean import dataclass
@@ -157,14 +157,34 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
     return ledger
 
 
-def ledger_from_dict(data: dict[str, Any]) -> Ledger:
-    """A ledger back from its ``as_dict`` (the archive index keeps it so)."""
-    known = {f.name for f in fields(AttemptLedger)}
-    attempts = [AttemptLedger(**{k: v for k, v in a.items() if k in known})
-                for a in data.get("attempts") or []]
-    return Ledger(**{k: v for k, v in data.items()
-                     if k in {f.name for f in fields(Ledger)} and k != "attempts"},
-                  attempts=attempts)
+# What ``jobwrap report`` needs of an attempt, in this order: the archive index keeps
+# ledgers so, a few hundred bytes a job.
+_BRIEF = ("number", "kind", "nodes", "started_at", "ended_at", "productive_s", "lost_s",
+          "checkpoints")
+
+
+def ledger_brief(ledger: Ledger) -> dict[str, Any]:
+    """The ledger's totals and each attempt's class, nodes, times, goodput shares and
+    checkpoint count: what ``report.build`` reads; ``ledger_from_brief`` reads it back."""
+    return {"wall_s": ledger.wall_s, "productive_s": ledger.productive_s,
+            "lost_s": ledger.lost_s, "ettr": ledger.ettr, "failures": ledger.failures,
+            "lost_by_class": ledger.lost_by_class, "gaps_by_class": ledger.gaps_by_class,
+            "attempts": [[getattr(a, key) for key in _BRIEF] for a in ledger.attempts]}
+
+
+def ledger_from_brief(data: dict[str, Any]) -> Ledger:
+    attempts = []
+    for row in data.get("attempts") or []:
+        a = dict(zip(_BRIEF, row, strict=True))
+        attempts.append(AttemptLedger(
+            number=a["number"], kind=a["kind"], nodes=a["nodes"], started_at=a["started_at"],
+            first_progress=a["started_at"], ended_at=a["ended_at"],
+            productive_s=a["productive_s"], lost_s=a["lost_s"], gap_before_s=0.0,
+            startup_s=0.0, checkpoints=a["checkpoints"], save_interval_s=None))
+    return Ledger(wall_s=data["wall_s"], productive_s=data["productive_s"],
+                  lost_s=data["lost_s"], ettr=data["ettr"], failures=data["failures"],
+                  attempts=attempts, lost_by_class=data["lost_by_class"],
+                  gaps_by_class=data["gaps_by_class"])
 
 
 def from_summaries(summaries: Iterable[AttemptSummary | dict[str, Any]]) -> list[Attempt]:

@@ -17,7 +17,8 @@ is listed as flaky at ``FLAKY_SCORE`` or more with at least two such failures.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import bisect
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,8 @@ class Report:
 def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
     report = Report(since=since)
     gaps: dict[str, list[float]] = {}
-    ended: list[tuple[float, JobLedger]] = []
+    ended: list[float] = []  # the ETTR of each ended job
+    worst: list[tuple[float, str, str, int, float]] = []  # the lowest five, kept as we go
     for job in jobs:
         ledger = job.ledger
         if not ledger.attempts:
@@ -109,7 +111,11 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
                 if attempt.kind in NODE_CAUSES:
                     stats.node_failures += 1
         if ledger.attempts[-1].kind != RUNNING_CLASS:
-            ended.append((ledger.ettr, job))
+            ended.append(ledger.ettr)
+            if ledger.ettr < 1.0:
+                bisect.insort(worst, (ledger.ettr, job.user, job.job_id, ledger.failures,
+                                      ledger.lost_s))
+                del worst[5:]
     report.mtbf_s = report.run_s / report.failures if report.failures else None
     all_gaps = [g for seen in gaps.values() for g in seen]
     report.restart_gaps = len(all_gaps)
@@ -118,7 +124,7 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
                                         if v}
     report.ettr = report.productive_s / report.wall_s if report.wall_s > 0 else None
     _score_nodes(report)
-    values = sorted(e for e, _ in ended)
+    values = sorted(ended)
     if values:
         report.ettr_of_ended_jobs = {"jobs": float(len(values)), "min": values[0],
                                      "p10": _quantile(values, 0.1),
@@ -127,10 +133,8 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
                                      "mean": sum(values) / len(values)}
         for bound in ETTR_BUCKETS:
             report.ettr_histogram[f"<={bound:g}"] = sum(1 for v in values if v <= bound)
-    report.worst_jobs = [{"job_id": j.job_id, "user": j.user, "ettr": e,
-                          "failures": j.ledger.failures, "lost_s": j.ledger.lost_s}
-                         for e, j in sorted(ended, key=lambda p: (p[0], p[1].user,
-                                                          p[1].job_id))[:5] if e < 1.0]
+    report.worst_jobs = [{"job_id": job_id, "user": user, "ettr": ettr, "failures": failures,
+                          "lost_s": lost} for ettr, user, job_id, failures, lost in worst]
     return report
 
 
@@ -178,20 +182,23 @@ def from_archive(root: str, *, since: float | None, now: float,
 
 
 def from_index(index: Index, *, since: float | None,
-               user: str | None = None) -> tuple[list[JobLedger], list[str]]:
-    """The same from the archive's index: no manifest opened (each job's ledger was
-    computed when it was indexed, as of its manifest's ``updated_at``)."""
-    from wrapper.goodput.accounting import ledger_from_dict
+               user: str | None = None) -> tuple[Iterator[JobLedger], list[str]]:
+    """The same from the archive's index, streamed: no manifest opened (each job's ledger
+    was computed when it was indexed, as of its manifest's ``updated_at``, and kept brief:
+    ``accounting.ledger_brief``). The problems fill in as the ledgers are read."""
+    from wrapper.goodput.accounting import ledger_from_brief
 
-    out: list[JobLedger] = []
     problems: list[str] = []
-    for job_id, name, ledger in index.ledgers(since=since, user=user):
-        if ledger is None:
-            problems.append(f"job {job_id} of {name}: its manifest does not parse or lists "
-                            "no attempts")
-            continue
-        out.append(JobLedger(job_id, name, ledger_from_dict(ledger)))
-    return out, problems
+
+    def ledgers() -> Iterator[JobLedger]:
+        for job_id, name, ledger in index.ledgers(since=since, user=user):
+            if ledger is None:
+                problems.append(f"job {job_id} of {name}: its manifest does not parse or "
+                                "lists no attempts")
+                continue
+            yield JobLedger(job_id, name, ledger_from_brief(ledger))
+
+    return ledgers(), problems
 
 
 def render(report: Report) -> str:
