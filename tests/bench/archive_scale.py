@@ -4,12 +4,13 @@ the archive's index, against two anchors over the same archive in the same run.
 The archive is written by the project's own code: seven template jobs archived by
 ``archive_attempt`` (the epilog's call: events, parts, stdout, manifest) as root, with
 one to four attempts of different classes and checkpoints; then copied N times with
-varied ids, users (50), nodes (512), classes and times (spread over 90 days, the default
-``max_age_days``): each copy is the template's folder with its files hard-linked, its
-manifest rewritten, and its folder's mtime set to its ``updated_at``. The index is built
-from those manifests by ``SqliteIndex.rebuild`` (timed: what ``jobwrap archive reindex``
-costs once). A built archive is kept under /tmp, keyed by N and ``FORMAT``, because
-100,000 take minutes to write.
+varied ids, users (50), nodes (512), classes and times (spread over the 90 days before
+the build, the default ``max_age_days``: ``--since 7d`` holds 7.8% of them): each copy
+is the template's folder with its files hard-linked, its manifest rewritten, and its
+folder's mtime set to its ``updated_at``. The index is built from those manifests by
+``SqliteIndex.rebuild`` (timed: what ``jobwrap archive reindex`` costs once). A built
+archive is kept under /tmp, keyed by N and ``FORMAT``, because 100,000 take minutes to
+write; one older than ``STALE_S`` is written again (its times would drift out of 7d).
 
 Each verb is a fresh ``python -m wrapper`` process (what an admin types), timed against
 its anchor in alternating runs, medians (``timing.alternate``):
@@ -39,7 +40,7 @@ from typing import Any
 
 from tests.bench.timing import alternate, verdict
 
-FORMAT = 3  # bump when the archive the bench writes changes shape
+FORMAT = 4  # bump when the archive the bench writes changes shape
 USERS = 50
 NODES = 512
 SPAN_S = 90 * 86400.0
@@ -47,7 +48,7 @@ CLASSES = ("success", "success", "success", "success", "hardware", "hang", "user
            "node_failure", "walltime", "killed")
 BASE_ID = 5_000_000
 CACHE = Path("/tmp")
-NOW = 1_800_000_000.0  # a fixed "now" for the build; the verbs run at the real now
+STALE_S = 2 * 86400.0  # a cached archive this old is built again: its --since 7d drifts
 
 
 def main() -> int:
@@ -84,8 +85,8 @@ def build(n: int) -> Path:
     base = CACHE / f"jobwrap-bench-archive-v{FORMAT}-{n}"
     root = base / "archive"
     built = base / "built.json"
-    if built.exists():
-        facts = json.loads(built.read_text())
+    facts = json.loads(built.read_text()) if built.exists() else {}
+    if facts and time.time() - facts["now"] < STALE_S:
         print(f"archive-scale n={n}: cached at {base} ({facts})", flush=True)
     else:
         shutil.rmtree(base, ignore_errors=True)
@@ -94,9 +95,10 @@ def build(n: int) -> Path:
         templates = _templates(base / "templates")
         written = time.monotonic()
         root.mkdir(mode=0o711)
+        now = time.time()
         for i in range(n):
-            _copy(templates[i % len(templates)], root, i)
-        facts = {"templates_s": round(written - started, 1),
+            _copy(templates[i % len(templates)], root, i, now)
+        facts = {"now": now, "templates_s": round(written - started, 1),
                  "copies_s": round(time.monotonic() - written, 1)}
         (base / "config.toml").write_text(
             f'[paths]\nstate_dir = "{base}/state"\narchive_root = "{root}"\n'
@@ -152,11 +154,11 @@ def _templates(base: Path) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def _copy(template: tuple[Path, dict[str, Any]], root: Path, i: int) -> None:
+def _copy(template: tuple[Path, dict[str, Any]], root: Path, i: int, now: float) -> None:
     folder, manifest = template
     user = f"user{(i * 7) % USERS:02d}"
     job_id = str(BASE_ID + i)
-    updated = NOW - SPAN_S * ((i * 7919) % 100_003) / 100_003
+    updated = now - SPAN_S * ((i * 7919) % 100_003) / 100_003
     hours = 3600.0 * (1 + i % 7)  # each attempt runs 0.9 of this, then waits 0.1 in queue
     nodes = [f"gpu{(i * 13 + k * 101) % NODES:03d}" for k in range(2)]
     data = json.loads(json.dumps(manifest))

@@ -26,6 +26,7 @@ from wrapper.archive import store
 from wrapper.archive._fs import Access
 from wrapper.archive.index import SqliteIndex
 from wrapper.cli import cli
+from wrapper.config import Config, load
 from wrapper.goodput import report
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
@@ -301,7 +302,45 @@ def test_the_index_tells_what_the_manifests_tell(tmp_path: Path) -> None:
         i.as_dict() for i in store.list_archives(str(root), "u1", since)]
 
 
-def _cfg(base: Path) -> Any:
-    from wrapper.config import load
-
+def _cfg(base: Path) -> Config:
     return load(config_file(base))
+
+
+@pytest.mark.parametrize("limits", ["max_age_days = 10.0\n",
+                                    "max_age_days = 10.0\nmax_total_gb = 0.0000001\n",
+                                    "max_age_days = 0.0\nmax_total_gb = 0.00000005\n"])
+def test_prune_through_the_index_removes_what_the_walk_would(tmp_path: Path,
+                                                             limits: str) -> None:
+    root = tmp_path / "archive"
+    for n in range(16):
+        write_job(root, f"u{n % 3}", str(n + 1), age_s=(n + 1) * DAY)
+    cfg = config_file(tmp_path, limits)
+    settings = load(cfg).archive
+    walked = store.prune(str(root), settings.max_age_days,
+                         int(settings.max_total_gb * (1 << 30)), time.time(), dry_run=True)
+    code, out, _ = jobwrap(cfg, "archive", "prune", "--dry-run", "--json")
+    assert code == 0
+    assert [(r["job_id"], r["reason"]) for r in json.loads(out)] == [
+        (r.info.job_id, r.reason) for r in walked]
+    assert {r.reason for r in walked} == ({"age"} if "total" not in limits else
+                                          {"size"} if "= 0.0\n" in limits else {"age", "size"})
+    code, out, _ = jobwrap(cfg, "archive", "prune", "--json")
+    assert code == 0 and len(json.loads(out)) == len(walked)
+    code, out, _ = jobwrap(cfg, "archive", "list", "--json")
+    assert sorted(i["job_id"] for i in json.loads(out)) == sorted(
+        i.job_id for i in store.list_archives(str(root)))  # the index forgot them
+
+
+def test_list_streams_what_json_dumps_would_print(tmp_path: Path) -> None:
+    root = tmp_path / "archive"
+    for n in range(3):
+        write_job(root, "alice", str(n + 1), age_s=(n + 1) * 60)
+    cfg = config_file(tmp_path)
+    SqliteIndex(str(root)).rebuild()
+    code, out, _ = jobwrap(cfg, "archive", "list", "--json")
+    expected = json.dumps([i.as_dict() for i in SqliteIndex(str(root)).jobs()], indent=2)
+    assert code == 0 and out == expected + "\n"
+    code, out, err = jobwrap(cfg, "archive", "list", "--json", "--user", "nobody")
+    assert (code, out) == (0, "[]\n")
+    code, out, err = jobwrap(cfg, "archive", "list", "--user", "nobody")
+    assert (code, out, err) == (0, "", "no archives\n")

@@ -12,6 +12,7 @@ job's manifest).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import time
@@ -54,17 +55,23 @@ def list_archives(user: str | None, since: str | None, as_json: bool) -> None:
     cfg = current_config()
     start = parse_since(since, time.time()) if since else None
     index = open_index(cfg)
-    found = index.jobs(since=start, user=user) if index is not None else \
-        store.list_archives(cfg.paths.archive_root, user=user, since=start)
-    if as_json:
-        click.echo(json.dumps([i.as_dict() for i in found], indent=2))
+    found = index.stream(since=start, user=user) if index is not None else \
+        iter(store.list_archives(cfg.paths.archive_root, user=user, since=start))
+    first = next(found, None)
+    if as_json:  # json.dumps(list, indent=2), one job at a time
+        click.echo("[]" if first is None else "[")
+        for n, info in enumerate(itertools.chain([first] if first else [], found)):
+            text = json.dumps(info.as_dict(), indent=2).replace("\n", "\n  ")
+            click.echo((",\n  " if n else "  ") + text, nl=False)
+        if first is not None:
+            click.echo("\n]")
         return
-    if not found:
+    if first is None:
         click.echo("no archives", err=True)
         return
     click.echo(f"{'JOBID':<12} {'USER':<12} {'UPDATED':<19} {'SIZE':>9} {'TRIES':>5} "
                f"{'STATE':<10} NAME")
-    for info in found:
+    for info in itertools.chain([first], found):
         click.echo(f"{info.job_id:<12} {info.user:<12} {_clock(info.updated_at):<19} "
                    f"{_size(info.size):>9} {len(info.attempts):>5} "
                    f"{'complete' if info.complete else 'incomplete':<10} {info.name}")
@@ -109,10 +116,13 @@ def prune(dry_run: bool, as_json: bool) -> None:
     """Remove whole job archives, oldest first, past [archive] max_age_days and max_total_gb."""
     cfg = current_config()
     index = open_index(cfg)
-    removals = store.prune(cfg.paths.archive_root, cfg.archive.max_age_days,
-                           int(cfg.archive.max_total_gb * (1 << 30)), time.time(),
-                           dry_run=dry_run,
-                           archives=index.jobs() if index is not None else None)
+    limit = int(cfg.archive.max_total_gb * (1 << 30))
+    oldest = index.stream() if index is not None else None
+    with contextlib.closing(oldest) if oldest is not None else contextlib.nullcontext():
+        removals = store.prune(cfg.paths.archive_root, cfg.archive.max_age_days, limit,
+                               time.time(), dry_run=dry_run, archives=oldest,
+                               total=index.total_size() if index is not None and limit
+                               else None)
     if index is not None and not dry_run:
         index.forget(r.info for r in removals)
     if as_json:

@@ -40,7 +40,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from wrapper.archive._fs import (
@@ -126,6 +126,9 @@ class Index(Protocol):
     def fold(self) -> int: ...
     def rebuild(self) -> Rebuilt: ...
     def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]: ...
+    def stream(self, *, since: float | None = None,
+               user: str | None = None) -> Generator[ArchiveInfo, None, None]: ...
+    def total_size(self) -> int: ...
     def locate(self, job_id: str) -> list[str]: ...
     def ledgers(self, *, since: float | None,
                 user: str | None) -> Iterator[tuple[str, str, dict[str, Any] | None]]: ...
@@ -229,10 +232,19 @@ class SqliteIndex:
             raise IndexFault(f"the index {self.path} is damaged ({exc})") from None
 
     def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]:
-        rows = self._query(_LIST[user is not None], _args(since, user))
-        return [ArchiveInfo(user=u, job_id=j, path=os.path.join(self.root, u, j),
-                            updated_at=t, size=s, complete=bool(c), name=n,
-                            attempts=json.loads(a)) for u, j, t, s, c, n, a in rows]
+        return list(self.stream(since=since, user=user))
+
+    def stream(self, *, since: float | None = None,
+               user: str | None = None) -> Generator[ArchiveInfo, None, None]:
+        """The jobs, oldest first, read as they are used (``close()`` it when stopping
+        early)."""
+        for u, j, t, s, c, n, a in self._rows(_LIST[user is not None], _args(since, user)):
+            yield ArchiveInfo(user=u, job_id=j, path=os.path.join(self.root, u, j),
+                              updated_at=t, size=s, complete=bool(c), name=n,
+                              attempts=json.loads(a))
+
+    def total_size(self) -> int:
+        return int(self._query("SELECT total(size) FROM jobs", ())[0][0])
 
     def locate(self, job_id: str) -> list[str]:
         """The users whose archive holds a job of this id (a reused id: more than one)."""
@@ -241,15 +253,8 @@ class SqliteIndex:
 
     def ledgers(self, *, since: float | None,
                 user: str | None) -> Iterator[tuple[str, str, dict[str, Any] | None]]:
-        import sqlite3
-
-        try:
-            for job_id, name, ledger in self._db().execute(_LEDGERS[user is not None],
-                                                           _args(since, user)):
-                yield job_id, name, None if ledger is None else json.loads(ledger)
-        except sqlite3.DatabaseError as exc:
-            self.close()
-            raise IndexFault(f"the index {self.path} cannot be read ({exc})") from None
+        for job_id, name, ledger in self._rows(_LEDGERS[user is not None], _args(since, user)):
+            yield job_id, name, None if ledger is None else json.loads(ledger)
 
     def mtbf(self, since: float) -> float | None:
         """Attempt run time per failure over the jobs updated since ``since``: what
@@ -259,6 +264,20 @@ class SqliteIndex:
                            "WHERE updated_at >= ?", (since,))
         run_s, failures = rows[0]
         return float(run_s) / failures if failures else None
+
+    def _rows(self, sql: str, args: tuple[Any, ...]) -> Iterator[Any]:
+        """A query's rows as the cursor gives them: memory does not grow with the archive."""
+        import sqlite3
+
+        try:
+            cursor = self._db().execute(sql, args)
+            try:
+                yield from cursor
+            finally:
+                cursor.close()
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise IndexFault(f"the index {self.path} cannot be read ({exc})") from None
 
     def _query(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
         import sqlite3

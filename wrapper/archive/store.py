@@ -38,7 +38,7 @@ import pwd
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, field
 from typing import Any
 
@@ -535,28 +535,28 @@ class Removal:
 
 
 def prune(root: str, max_age_days: float, max_total_bytes: int, now: float, *,
-          dry_run: bool = False, archives: list[ArchiveInfo] | None = None) -> list[Removal]:
+          dry_run: bool = False, archives: Iterable[ArchiveInfo] | None = None,
+          total: int | None = None) -> list[Removal]:
     """Remove whole job archives, oldest first: those older than ``max_age_days``, then
     more until the rest fit in ``max_total_bytes``. A limit of 0 is no limit. An archive
     that an epilog is writing right now (its lock is held) is left for the next prune.
-    ``archives``: every archive, oldest first, as the index lists them (else the archive
-    is walked).
+    ``archives``: every archive, oldest first, as the index streams them, and ``total``
+    their size (needed with a size limit); else the archive is walked. Reading stops at
+    the first archive that stays: what is removed is the oldest prefix.
     """
     if archives is None:
         archives = list_archives(root)
+        total = sum(i.size for i in archives)
+    remaining = total or 0
     removals: list[Removal] = []
-    kept = []
     for info in archives:
         if max_age_days > 0 and now - info.updated_at > max_age_days * 86400:
             removals.append(Removal(info, "age"))
+        elif 0 < max_total_bytes < remaining:
+            removals.append(Removal(info, "size"))
         else:
-            kept.append(info)
-    total = sum(i.size for i in kept)
-    for info in kept:
-        if max_total_bytes <= 0 or total <= max_total_bytes:
             break
-        removals.append(Removal(info, "size"))
-        total -= info.size
+        remaining -= info.size
     if dry_run:
         return removals
     done = []
