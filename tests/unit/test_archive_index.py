@@ -344,3 +344,15 @@ def test_list_streams_what_json_dumps_would_print(tmp_path: Path) -> None:
     assert (code, out) == (0, "[]\n")
     code, out, err = jobwrap(cfg, "archive", "list", "--user", "nobody")
     assert (code, out, err) == (0, "", "no archives\n")
+
+
+def test_an_index_that_cannot_be_built_falls_back_to_the_manifests(tmp_path: Path) -> None:
+    root = tmp_path / "archive"
+    write_job(root, "alice", "1")
+    cfg = config_file(tmp_path, f'index_path = "{tmp_path}/no-such-folder/index.sqlite"\n')
+    code, out, err = jobwrap(cfg, "archive", "list", "--json")
+    assert code == 0 and [i["job_id"] for i in json.loads(out)] == ["1"]
+    assert err.count("\n") == 1 and "cannot be used" in err and "Traceback" not in err
+    code, out, err = jobwrap(cfg, "archive", "reindex")
+    assert code != 0 and "cannot write the archive index" in out + err
+    assert "Traceback" not in out + err

@@ -202,16 +202,21 @@ def _indexer(cfg: Config, rebuild: bool) -> None:
     if not os.path.isdir(root):
         raise UserInputError(f"the archive root {root} does not exist: nothing to index")
     index = index_mod.backend(cfg)
-    if rebuild:
-        index.rebuild(_say)
-        return
     try:
-        index.check()
-    except index_mod.IndexFault as exc:
-        why = str(exc)
-        index.rebuild(lambda line: _say(f"{why}: built it again from the manifests; {line}"))
-        return
-    click.echo(f"folded {index.fold()} records into {index.path}", err=True)
+        if rebuild:
+            index.rebuild(_say)
+            return
+        try:
+            index.check()
+        except index_mod.IndexFault as exc:
+            why = str(exc)
+            index.rebuild(lambda line: _say(f"{why}: built it again from the manifests; "
+                                            f"{line}"))
+            return
+        click.echo(f"folded {index.fold()} records into {index.path}", err=True)
+    except OSError as exc:
+        raise store.ArchiveError(f"cannot write the archive index {index.path}: "
+                                 f"{exc.strerror or exc}") from None
 
 
 def open_index(cfg: Config) -> SqliteIndex | None:

@@ -450,11 +450,17 @@ def reading(cfg: Config, say: Callable[[str], None]) -> SqliteIndex | None:
         return None
     index = backend(cfg)
     try:
-        index.check()
-        index.fold()
-    except IndexLocked as exc:
-        say(f"{exc}; reading the index without the newest jobs")
-    except IndexFault as exc:
-        why = str(exc)
-        index.rebuild(lambda line: say(f"{why}: built it again from the manifests; {line}"))
+        try:
+            index.check()
+            index.fold()
+        except IndexLocked as exc:
+            say(f"{exc}; reading the index without the newest jobs")
+        except IndexFault as exc:
+            why = str(exc)
+            index.rebuild(lambda line: say(f"{why}: built it again from the manifests; {line}"))
+    except (ArchiveError, OSError) as exc:  # a rebuild that cannot run: locked, no room ...
+        index.close()
+        said = exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+        say(f"the archive index cannot be used ({said}); reading the manifests instead")
+        return None
     return index
