@@ -16,11 +16,13 @@ Each verb is a fresh ``python -m wrapper`` process (what an admin types), timed 
 its anchor in alternating runs, medians (``timing.alternate``):
 
 - ``sqlite``: a fresh ``python3 -c`` that reads the same rows with a bare SQLite query
-  (``sacct``'s way: an indexed database);
+  (``sacct``'s way: an indexed database): the job's row for ``status``, the period's
+  rows with their ledgers for ``report``;
 - ``scandir``: a fresh ``python3 -c`` that lists the archive's job folders with
   ``os.scandir`` (the least any walk of the archive costs, opening no file).
 
-Goals at 100,000 jobs: ``status`` <= 0.5 s, ``report --since 7d`` <= 2 s, each verb's
+Goals at 100,000 jobs: ``status`` <= 0.5 s, ``report --since 7d`` <= 2 s (also shown:
+``--since 62d``, the ~70,000 rows a 7-day report reads at 10,000 jobs a day), each verb's
 peak RSS < 100 MB, and ``status`` growing sub-linearly from 10k to 100k (exponent
 log(t100k / t10k) / log(10) < 1; linear is 1). ``JOBWRAP_BENCH_ARCHIVE_N`` picks the
 sizes (default ``10000,100000``), ``JOBWRAP_BENCH_ROUNDS`` the rounds (default 5).
@@ -63,9 +65,11 @@ def main() -> int:
     worst = 0
     status_s = results[largest]["status"][0]
     report_s = results[largest]["report --since 7d"][0]
+    dense_s = results[largest]["report --since 62d"][0]
     rss = max(r[2] for r in results[largest].values())
     print(f"archive-scale n={largest}: status {status_s:.3f} s (goal <= 0.5), report --since "
-          f"7d {report_s:.3f} s (goal <= 2), peak RSS {rss:.0f} MB (goal < 100)")
+          f"7d {report_s:.3f} s (goal <= 2; a dense week, 62d: {dense_s:.3f} s), peak RSS "
+          f"{rss:.0f} MB (goal < 100)")
     worst |= int(report_s > 2.0) | int(rss >= 100)
     if largest > smallest:
         growth = math.log(status_s / results[smallest]["status"][0]) / math.log(
@@ -191,6 +195,16 @@ def _copy(template: tuple[Path, dict[str, Any]], root: Path, i: int, now: float)
 
 
 # -- the measurements ----------------------------------------------------------------------
+ANCHOR = """import sqlite3, sys
+index, column, value = sys.argv[1:]
+where = {"job_id": "job_id = ?", "updated_at": "updated_at >= ?"}[column]
+rows = sqlite3.connect(index).execute(
+    "SELECT user, job_id, updated_at, size, ledger FROM jobs WHERE " + where,
+    (value if column == "job_id" else float(value),)).fetchall()
+print(len(rows))
+"""
+
+
 def measure(base: Path, n: int, rounds: int) -> dict[str, tuple[float, float, float]]:
     """verb -> (median s, its anchor's median s, peak RSS MB)."""
     root = base / "archive"
@@ -198,19 +212,24 @@ def measure(base: Path, n: int, rounds: int) -> dict[str, tuple[float, float, fl
     jobwrap = [sys.executable, "-m", "wrapper", "--config", cfg]
     a_job = str(BASE_ID + 6)  # a job with four attempts and checkpoints
     index = str(root / ".index" / "archive.sqlite")
-    day_ago = f"{time.time() - 7 * 86400}"
-    sqlite_anchor = [sys.executable, "-c", (
-        "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); "
-        "r=c.execute('SELECT user, job_id, updated_at, size FROM jobs WHERE updated_at >= ?',"
-        " (float(sys.argv[2]),)).fetchall(); print(len(r))"), index, day_ago]
+
+    def sqlite_anchor(column: str, value: str) -> list[str]:
+        return [sys.executable, "-c", ANCHOR, index, column, value]
+
+    def since(days: int) -> list[str]:
+        return sqlite_anchor("updated_at", f"{time.time() - days * 86400}")
+
     scandir_anchor = [sys.executable, "-c", (
         "import os,sys; r=sys.argv[1]; n=0\n"
         "for u in os.scandir(r):\n"
         " if u.is_dir() and not u.name.startswith('.'):\n"
         "  n+=sum(1 for j in os.scandir(u.path) if j.is_dir())\n"
         "print(n)"), str(root)]
-    verbs = {"status": ([*jobwrap, "status", a_job], sqlite_anchor),
-             "report --since 7d": ([*jobwrap, "report", "--since", "7d"], sqlite_anchor),
+    verbs = {"status": ([*jobwrap, "status", a_job], sqlite_anchor("job_id", a_job)),
+             "report --since 7d": ([*jobwrap, "report", "--since", "7d"], since(7)),
+             # 62 of 90 days: the ~70,000 rows of 100,000 that a 7-day report reads on a
+             # cluster of 10,000 jobs a day
+             "report --since 62d": ([*jobwrap, "report", "--since", "62d"], since(62)),
              "report --since 90d --json": ([*jobwrap, "report", "--since", "90d", "--json"],
                                            scandir_anchor),
              "archive list": ([*jobwrap, "archive", "list"], scandir_anchor),
@@ -231,7 +250,7 @@ def measure(base: Path, n: int, rounds: int) -> dict[str, tuple[float, float, fl
 
         took, anchored = alternate(subject, bare, rounds=rounds, warmup=1)
         out[verb] = (took, anchored, peaks[verb])
-        name = "sqlite" if anchor is sqlite_anchor else "scandir"
+        name = "scandir" if anchor is scandir_anchor else "sqlite"
         print(f"archive-scale n={n} {verb}: {took:.3f} s ({name} anchor {anchored:.3f} s, "
               f"x{took / anchored:.1f}), peak RSS {peaks[verb]:.0f} MB", flush=True)
     return out
