@@ -197,6 +197,7 @@ INDEXER = """
 import sys
 from wrapper.archive.index import SqliteIndex
 index = SqliteIndex(sys.argv[1], lock_wait=60)
+print("ready", flush=True)
 for round in range(int(sys.argv[2])):
     index.rebuild() if round % 3 == 0 else index.fold()
 print("done")
@@ -208,9 +209,10 @@ def test_two_indexers_at_once_never_corrupt_the_index(tmp_path: Path) -> None:
     for n in range(30):
         write_job(root, f"u{n % 3}", str(100 + n), kinds=("hardware", "success"))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    procs = [subprocess.Popen([sys.executable, "-c", INDEXER, str(root), "9"], env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", INDEXER, str(root), "30"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
+    assert [p.stdout.readline() for p in procs if p.stdout] == ["ready\n", "ready\n"]
     for n in range(30, 60):  # epilogs go on spooling while both fold and rebuild
         write_job(root, f"u{n % 3}", str(100 + n))
     results = [p.communicate(timeout=120) for p in procs]

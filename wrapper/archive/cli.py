@@ -30,7 +30,7 @@ from wrapper.errors import JobwrapError, UserInputError
 from wrapper.state import JobState
 
 if TYPE_CHECKING:
-    from wrapper.archive.index import SqliteIndex
+    from wrapper.archive.index import Index
 
 
 def current_config() -> Config:
@@ -145,7 +145,7 @@ def status(job_id: str, as_json: bool) -> None:
     attempts = status_mod.timeline(JobState(Path(cfg.paths.state_dir), job_id))
     source = "state"
     manifest: dict[str, Any] = {}
-    index: SqliteIndex | None = None
+    index: Index | None = None
     if not attempts:
         source = "archive"
         index = open_index(cfg)
@@ -219,7 +219,7 @@ def _indexer(cfg: Config, rebuild: bool) -> None:
                                  f"{exc.strerror or exc}") from None
 
 
-def open_index(cfg: Config) -> SqliteIndex | None:
+def open_index(cfg: Config) -> Index | None:
     """The archive's index, fresh, when this process may read it (root), else None."""
     from wrapper.archive import index as index_mod
 
@@ -230,7 +230,7 @@ def _say(line: str) -> None:
     click.echo(f"jobwrap: {line}", err=True)
 
 
-def _archived_manifest(root: str, job_id: str, index: SqliteIndex | None) -> dict[str, Any]:
+def _archived_manifest(root: str, job_id: str, index: Index | None) -> dict[str, Any]:
     """A job's manifest: its folder found through the index (one manifest read), else by
     trying each user's folder the caller may enter."""
     store.check_job_id(job_id)

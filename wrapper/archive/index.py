@@ -123,8 +123,12 @@ class Rebuilt:
 class Index(Protocol):
     """What the commands ask of the index, whatever keeps it."""
 
+    path: str  # where it is, for messages
+
+    def check(self) -> None: ...
+    def close(self) -> None: ...
     def fold(self) -> int: ...
-    def rebuild(self) -> Rebuilt: ...
+    def rebuild(self, say: Callable[[str], None] | None = None) -> Rebuilt: ...
     def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]: ...
     def stream(self, *, since: float | None = None,
                user: str | None = None) -> Generator[ArchiveInfo, None, None]: ...
@@ -305,6 +309,9 @@ class SqliteIndex:
                         stack.enter_context(locked(index_fd, LOCK, self.lock_wait))
                     except ArchiveError as exc:
                         raise IndexLocked(str(exc)) from None
+                    # A connection opened before the lock may be to a file another
+                    # indexer's rebuild has since renamed away: writes there would be lost.
+                    self.close()
                     yield index_fd, spool_fd
             finally:
                 os.close(spool_fd)
@@ -328,7 +335,6 @@ class SqliteIndex:
     def rebuild(self, say: Callable[[str], None] | None = None) -> Rebuilt:
         """A new index from every manifest (and the spool), renamed over the old one."""
         with self._writing() as (index_fd, spool_fd):
-            self.close()
             folder = os.path.dirname(self.path)
             tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}."
                                f"{secrets.token_hex(4)}.tmp")
@@ -435,12 +441,12 @@ def may_read(root: str) -> bool:
         return False
 
 
-def backend(cfg: Config) -> SqliteIndex:
+def backend(cfg: Config) -> Index:
     """The index ``[archive] index_backend`` names (sqlite: the one there is)."""
     return SqliteIndex(cfg.paths.archive_root, cfg.archive.index_path)
 
 
-def reading(cfg: Config, say: Callable[[str], None]) -> SqliteIndex | None:
+def reading(cfg: Config, say: Callable[[str], None]) -> Index | None:
     """The index, its spool folded in, ready to read; None when this process may not read
     it (an ordinary user) or nothing is archived yet. A missing or damaged index is built
     again from the manifests, with one line through ``say``; a lock held by another
