@@ -91,6 +91,9 @@ def test_the_epilog_spools_a_record_and_the_first_reader_builds_the_index(
     assert [(i["user"], i["job_id"], i["attempts"]) for i in json.loads(out)] == [
         ("alice", "1", [0, 1]), ("bob", "2", [0])]
     assert spooled(root) == []
+    write_job(root, "bob", "3")
+    code, out, err = jobwrap(cfg, "archive", "index")  # a timer's way
+    assert (code, spooled(root)) == (0, []) and "folded 1 records" in err
 
 
 def test_the_index_is_private_and_its_summary_holds_no_row(tmp_path: Path) -> None:
