@@ -375,6 +375,13 @@ class ArchiveConfig(Section):
                        choices=("user", "group", "acl"))
     admin_group: str = _opt("root", "With access = \"user\": the group of the admins who "
                             "read every archive.")
+    index_backend: str = _opt("sqlite", "What keeps the archive's index (one record per job, "
+                              "which status, report, list and prune read): sqlite, a file "
+                              "only root reads (see docs/scale.md for a server database).",
+                              choices=("sqlite",))
+    index_path: str = _opt("", "The index's SQLite file; empty: <archive_root>/.index/"
+                           "archive.sqlite. On an NFS archive root, a path on the admin "
+                           "node's local disk (the spool stays in the archive).")
 
 
 class LoginGuardConfig(Section):

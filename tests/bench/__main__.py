@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from tests.bench import (
+    archive_scale,
     ckpt_latest,
     faults,
     goodput,
@@ -35,6 +36,7 @@ BENCHMARKS = {
     "fault-detect": faults.fault_detect_main,
     "hang-detect": faults.hang_detect_main,
     "watch-cpu": faults.watch_cpu_main,
+    "archive-scale": archive_scale.main,
 }
 
 

@@ -67,6 +67,13 @@ def test_requeued_two_node_job_has_one_archive_with_both_attempts(cluster: Clust
     assert "user_error" in text and "requeue" in text and "success" in text
     show = jobwrap(cluster, "archive", "show", job_id, "--json")
     assert json.loads(show.stdout)["job"]["id"] == job_id
+    # both nodes' epilogs spooled the job's record; root's commands fold it into the index
+    listed = jobwrap(cluster, "archive", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (entry,) = [i for i in json.loads(listed.stdout) if i["job_id"] == job_id]
+    assert entry["attempts"] == [0, 1] and entry["complete"], entry
+    index = cluster.base / "jobwrap" / "archive" / ".index" / "archive.sqlite"
+    assert stat.S_IMODE(os.stat(index).st_mode) == 0o600
     _check_reproduction(cluster, job_id, manifest, venv)
 
 

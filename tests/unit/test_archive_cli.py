@@ -19,6 +19,7 @@ from tests.unit.test_archive_support import (
 )
 from wrapper.archive import archive_attempt
 from wrapper.archive.cli import parse_since
+from wrapper.archive.index import SqliteIndex
 from wrapper.cli import cli
 from wrapper.osl.child import call_as as as_user
 from wrapper.osl.users import UserIds
@@ -44,6 +45,7 @@ def archived(shared: Path, user: UserIds) -> str:
     run_attempt(job, 1, ["n1"], checkpoints=(9,))
     archive_attempt(cfg, job, rec, attempt=1, node="n1", script_text="#!/bin/sh\n",
                     extra={"slurm": {"JobName": "train"}})
+    SqliteIndex(f"{shared}/archive").rebuild()  # as an installed cluster has it
     return str(cfg_path)
 
 
@@ -106,6 +108,10 @@ def test_prune_dry_run_then_for_real(archived: str, shared: Path, user: UserIds)
     data = json.loads(manifest.read_text())
     data["updated_at"] -= 86400  # a day old: past max_age_days = 0.5
     manifest.write_text(json.dumps(data))
+    code, out = jobwrap(archived, "archive", "prune", "--dry-run", "--json")
+    assert code == 0 and json.loads(out) == []  # the index does not know of the hand edit
+    code, out = jobwrap(archived, "archive", "reindex")
+    assert code == 0 and "archive index" in out and ": 1 jobs" in out
     code, out = jobwrap(archived, "archive", "prune", "--dry-run", "--json")
     assert code == 0 and [r["reason"] for r in json.loads(out)] == ["age"]
     assert manifest.exists()

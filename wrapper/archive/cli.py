@@ -11,11 +11,14 @@ job's manifest).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +28,9 @@ from wrapper.archive import store
 from wrapper.config import Config
 from wrapper.errors import JobwrapError, UserInputError
 from wrapper.state import JobState
+
+if TYPE_CHECKING:
+    from wrapper.archive.index import Index
 
 
 def current_config() -> Config:
@@ -47,17 +53,25 @@ def archive() -> None:
 def list_archives(user: str | None, since: str | None, as_json: bool) -> None:
     """One line per archived job, oldest first."""
     cfg = current_config()
-    found = store.list_archives(cfg.paths.archive_root, user=user,
-                                since=parse_since(since, time.time()) if since else None)
-    if as_json:
-        click.echo(json.dumps([i.as_dict() for i in found], indent=2))
+    start = parse_since(since, time.time()) if since else None
+    index = open_index(cfg)
+    found = index.stream(since=start, user=user) if index is not None else \
+        iter(store.list_archives(cfg.paths.archive_root, user=user, since=start))
+    first = next(found, None)
+    if as_json:  # json.dumps(list, indent=2), one job at a time
+        click.echo("[]" if first is None else "[")
+        for n, info in enumerate(itertools.chain([first] if first else [], found)):
+            text = json.dumps(info.as_dict(), indent=2).replace("\n", "\n  ")
+            click.echo((",\n  " if n else "  ") + text, nl=False)
+        if first is not None:
+            click.echo("\n]")
         return
-    if not found:
+    if first is None:
         click.echo("no archives", err=True)
         return
     click.echo(f"{'JOBID':<12} {'USER':<12} {'UPDATED':<19} {'SIZE':>9} {'TRIES':>5} "
                f"{'STATE':<10} NAME")
-    for info in found:
+    for info in itertools.chain([first], found):
         click.echo(f"{info.job_id:<12} {info.user:<12} {_clock(info.updated_at):<19} "
                    f"{_size(info.size):>9} {len(info.attempts):>5} "
                    f"{'complete' if info.complete else 'incomplete':<10} {info.name}")
@@ -101,9 +115,16 @@ def extract(job_id: str, dest: str, user: str | None) -> None:
 def prune(dry_run: bool, as_json: bool) -> None:
     """Remove whole job archives, oldest first, past [archive] max_age_days and max_total_gb."""
     cfg = current_config()
-    removals = store.prune(cfg.paths.archive_root, cfg.archive.max_age_days,
-                           int(cfg.archive.max_total_gb * (1 << 30)), time.time(),
-                           dry_run=dry_run)
+    index = open_index(cfg)
+    limit = int(cfg.archive.max_total_gb * (1 << 30))
+    oldest = index.stream() if index is not None else None
+    with contextlib.closing(oldest) if oldest is not None else contextlib.nullcontext():
+        removals = store.prune(cfg.paths.archive_root, cfg.archive.max_age_days, limit,
+                               time.time(), dry_run=dry_run, archives=oldest,
+                               total=index.total_size() if index is not None and limit
+                               else None)
+    if index is not None and not dry_run:
+        index.forget(r.info for r in removals)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in removals], indent=2))
         return
@@ -124,10 +145,12 @@ def status(job_id: str, as_json: bool) -> None:
     attempts = status_mod.timeline(JobState(Path(cfg.paths.state_dir), job_id))
     source = "state"
     manifest: dict[str, Any] = {}
+    index: Index | None = None
     if not attempts:
         source = "archive"
+        index = open_index(cfg)
         try:
-            manifest = store.load_manifest(cfg.paths.archive_root, job_id)
+            manifest = _archived_manifest(cfg.paths.archive_root, job_id, index)
         except JobwrapError:
             raise UserInputError(f"no record of job {job_id}: nothing in this node's state "
                                  f"({cfg.paths.state_dir}) nor in the archive "
@@ -140,7 +163,9 @@ def status(job_id: str, as_json: bool) -> None:
     ledger = accounting.account(accounting.from_summaries(attempts), now=now)
     uid = JobState(Path(cfg.paths.state_dir), job_id).job_uid() if source == "state" else \
         _int((manifest.get("job") or {}).get("uid"))
-    suggestion = advice.for_job(cfg.paths.archive_root, ledger, uid, now)
+    if source == "state":
+        index = open_index(cfg)  # the cluster's MTBF for the advice
+    suggestion = advice.for_job(cfg.paths.archive_root, ledger, uid, now, index=index)
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "state": status_mod.job_state(attempts)
                                if attempts else None, "source": source,
@@ -150,6 +175,70 @@ def status(job_id: str, as_json: bool) -> None:
     else:
         click.echo(status_mod.render(job_id, attempts) + view.render(ledger, suggestion),
                    nl=False)
+
+
+@archive.command("index")
+@click.option("--rebuild", is_flag=True,
+              help="Build the index again from every manifest (when it is missing or "
+                   "damaged; it is also done on its own then).")
+def index_cmd(rebuild: bool) -> None:
+    """Fold the epilogs' spool into the archive's index (root; a timer's job)."""
+    cfg = current_config()
+    _indexer(cfg, rebuild)
+
+
+@archive.command()
+def reindex() -> None:
+    """Build the archive's index again from every manifest (root)."""
+    _indexer(current_config(), True)
+
+
+def _indexer(cfg: Config, rebuild: bool) -> None:
+    from wrapper.archive import index as index_mod
+
+    root = cfg.paths.archive_root
+    if not index_mod.may_read(root):
+        raise UserInputError(f"only root (the owner of {root}) keeps the archive's index")
+    if not os.path.isdir(root):
+        raise UserInputError(f"the archive root {root} does not exist: nothing to index")
+    index = index_mod.backend(cfg)
+    try:
+        if rebuild:
+            index.rebuild(_say)
+            return
+        try:
+            index.check()
+        except index_mod.IndexFault as exc:
+            why = str(exc)
+            index.rebuild(lambda line: _say(f"{why}: built it again from the manifests; "
+                                            f"{line}"))
+            return
+        click.echo(f"folded {index.fold()} records into {index.path}", err=True)
+    except OSError as exc:
+        raise store.ArchiveError(f"cannot write the archive index {index.path}: "
+                                 f"{exc.strerror or exc}") from None
+
+
+def open_index(cfg: Config) -> Index | None:
+    """The archive's index, fresh, when this process may read it (root), else None."""
+    from wrapper.archive import index as index_mod
+
+    return index_mod.reading(cfg, _say)
+
+
+def _say(line: str) -> None:
+    click.echo(f"jobwrap: {line}", err=True)
+
+
+def _archived_manifest(root: str, job_id: str, index: Index | None) -> dict[str, Any]:
+    """A job's manifest: its folder found through the index (one manifest read), else by
+    trying each user's folder the caller may enter."""
+    store.check_job_id(job_id)
+    users = index.locate(job_id) if index is not None else []
+    for user in users:
+        with contextlib.suppress(JobwrapError):
+            return store.load_manifest(root, job_id, user)
+    return store.load_manifest(root, job_id)
 
 
 # -- helpers -------------------------------------------------------------------------------

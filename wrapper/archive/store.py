@@ -38,7 +38,7 @@ import pwd
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, field
 from typing import Any
 
@@ -63,12 +63,23 @@ from wrapper.lean import dataclass
 
 PART = "part.json"
 STALE_TEMP_S = 86400.0  # a temporary folder this old is an epilog that died
+MTIME_SLACK_S = 3600.0  # clocks of the nodes and the archive's file server may differ
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@-]{0,127}$")  # user and node names
 _ATTEMPT = re.compile(r"^attempt-([0-9]{1,6})$")
 
-__all__ = ["ArchiveError", "ArchiveInfo", "Removal", "Writer", "extract", "list_archives",
-           "load_manifest", "prune"]
+__all__ = [
+    "ArchiveError",
+    "ArchiveInfo",
+    "Removal",
+    "Writer",
+    "extract",
+    "info_of",
+    "list_archives",
+    "load_manifest",
+    "prune",
+    "scan",
+]
 
 
 def attempt_dir(attempt: int) -> str:
@@ -101,6 +112,7 @@ class Writer:
         self.root_mode, self.root_gid = root_mode, root_gid
         self.lock_timeout = lock_timeout
         self._fds: list[int] = []
+        self.root_fd = -1
         self.user_fd = -1
         self.tmp_fd = -1
         self.tmp_name: str | None = None
@@ -111,9 +123,9 @@ class Writer:
 
     def __enter__(self) -> Writer:
         try:
-            root_fd = self._keep(open_root(self.root, create=True, mode=self.root_mode,
-                                           gid=self.root_gid))
-            self.user_fd = self._keep(make_dir(root_fd, self.user, self.access))
+            self.root_fd = self._keep(open_root(self.root, create=True, mode=self.root_mode,
+                                                gid=self.root_gid))
+            self.user_fd = self._keep(make_dir(self.root_fd, self.user, self.access))
             self._remove_dead_temporaries()
             prefix = f".{self.job_id}.{self.node}.{os.getpid()}."
             self.tmp_name = make_temp_dir(self.user_fd, prefix, self.access)
@@ -158,18 +170,38 @@ class Writer:
         if self.tmp_name is None:
             raise ArchiveError("nothing to commit: this writer has already committed")
         sync_tree(self.tmp_fd)
+        written: list[dict[str, Any]] = []
+
+        def build(parts: list[dict[str, Any]]) -> dict[str, Any]:
+            written.append(build_manifest(parts))
+            return written[-1]
+
         with locked(self.user_fd, f".{self.job_id}.lock", self.lock_timeout):
             if not exists(self.user_fd, self.job_id):
-                manifest = build_manifest(read_parts(self.tmp_fd))
-                write_json_atomic(self.tmp_fd, MANIFEST, manifest, self.access)
+                write_json_atomic(self.tmp_fd, MANIFEST, build(read_parts(self.tmp_fd)),
+                                  self.access)
                 os.rename(self.tmp_name, self.job_id, src_dir_fd=self.user_fd,
                           dst_dir_fd=self.user_fd)
                 os.fsync(self.user_fd)
                 self.tmp_name = None
-                return self.path
-            job_fd = self._keep(open_dir(self.user_fd, self.job_id))
-            self._merge(job_fd, build_manifest)
+            else:
+                job_fd = self._keep(open_dir(self.user_fd, self.job_id))
+                self._merge(job_fd, build)
+        self._spool(written[-1])
         return self.path
+
+    def _spool(self, manifest: dict[str, Any]) -> None:
+        """The job's record into the index's spool; a failure is logged, never raised:
+        the manifest is in place and ``jobwrap archive reindex`` finds the job again."""
+        from wrapper.archive import index
+
+        try:
+            index.spool(self.root, self.root_fd, self.user, self.job_id, manifest)
+        except (OSError, ArchiveError, ValueError, TypeError) as exc:
+            from wrapper import log
+
+            log.get().warning("archive.index_spool_failed", job_id=self.job_id,
+                              error=str(exc), fix="jobwrap archive reindex")
 
     def _merge(self, job_fd: int, build_manifest: Callable[[list[dict[str, Any]]],
                                                            dict[str, Any]]) -> None:
@@ -290,9 +322,19 @@ def list_archives(root: str, user: str | None = None,
 
     ``since``: only those updated at or after it (seconds since the epoch).
     """
-    out: list[ArchiveInfo] = []
+    return sorted((info for info, _ in scan(root, user, since)),
+                  key=lambda i: (i.updated_at, i.job_id))
+
+
+def scan(root: str, user: str | None = None, since: float | None = None, *,
+         sized: bool = True) -> Iterator[tuple[ArchiveInfo, dict[str, Any] | None]]:
+    """Each archive the caller may read and its manifest (None: it does not parse), each
+    manifest parsed once. With ``since``, a job folder last changed before it (less
+    ``MTIME_SLACK_S`` for clocks apart) is passed over without opening anything in it: the
+    manifest is written into its folder after its ``updated_at`` is taken. ``sized``:
+    walk each job's folder for its size (0 when not)."""
     if not os.path.isdir(root):
-        return out  # nothing archived yet
+        return  # nothing archived yet
     root_fd = open_root(root, create=False)
     try:
         for user_name in _users(root_fd, user):
@@ -301,18 +343,21 @@ def list_archives(root: str, user: str | None = None,
             except (PermissionError, FileNotFoundError):
                 continue
             try:
-                for entry in entries(user_fd):
-                    if _JOB_ID.match(entry.name) and entry.is_dir(follow_symlinks=False):
-                        info = _info(root, user_fd, user_name, entry.name)
-                        if info is not None and (since is None or info.updated_at >= since):
-                            out.append(info)
+                found = [e for e in entries(user_fd) if _JOB_ID.match(e.name)
+                         and e.is_dir(follow_symlinks=False) and (
+                             since is None or e.stat(follow_symlinks=False).st_mtime
+                             >= since - MTIME_SLACK_S)]
             except PermissionError:
-                continue
+                found = []
+            try:
+                for entry in found:
+                    read = _read(root, user_fd, user_name, entry.name, sized)
+                    if read is not None and (since is None or read[0].updated_at >= since):
+                        yield read
             finally:
                 os.close(user_fd)
     finally:
         os.close(root_fd)
-    return sorted(out, key=lambda i: (i.updated_at, i.job_id))
 
 
 def load_manifest(root: str, job_id: str, user: str | None = None) -> dict[str, Any]:
@@ -440,26 +485,43 @@ def _find(root_fd: int, job_id: str, user: str | None) -> tuple[str, int]:
                        + " (or none you may read)")
 
 
-def _info(root: str, user_fd: int, user: str, job_id: str) -> ArchiveInfo | None:
+def _read(root: str, user_fd: int, user: str, job_id: str,
+          sized: bool) -> tuple[ArchiveInfo, dict[str, Any] | None] | None:
     try:
         job_fd = open_dir(user_fd, job_id)
     except (PermissionError, FileNotFoundError):
         return None
     try:
-        manifest = read_json(job_fd, MANIFEST) or {}
-        size = tree_size(job_fd)
-        updated = manifest.get("updated_at")
-        if not isinstance(updated, int | float):
-            updated = os.fstat(job_fd).st_mtime
+        manifest = read_json(job_fd, MANIFEST)
+        size = tree_size(job_fd) if sized else 0
+        mtime = os.fstat(job_fd).st_mtime
     finally:
         os.close(job_fd)
-    job = manifest.get("job") or {}
-    archive = manifest.get("archive") or {}
+    return info_of(root, user, job_id, manifest or {}, size, mtime), manifest
+
+
+def info_of(root: str, user: str, job_id: str, manifest: dict[str, Any], size: int,
+            mtime: float) -> ArchiveInfo:
+    """What ``list`` shows of a job, from its manifest ({} when it does not parse)."""
+    updated = manifest.get("updated_at")
+    if not isinstance(updated, int | float) or isinstance(updated, bool):
+        updated = mtime
+    job, archive, attempts = (manifest.get(key) for key in ("job", "archive", "attempts"))
+    job = job if isinstance(job, dict) else {}
+    archive = archive if isinstance(archive, dict) else {}
+    attempts = attempts if isinstance(attempts, list) else []
     return ArchiveInfo(user=user, job_id=job_id, path=os.path.join(root, user, job_id),
                        updated_at=float(updated), size=size,
                        complete=bool(archive.get("complete")), name=str(job.get("name") or ""),
-                       attempts=[int(a.get("attempt", 0)) for a in manifest.get("attempts")
-                                 or []])
+                       attempts=[_number(a.get("attempt")) for a in attempts
+                                 if isinstance(a, dict)])
+
+
+def _number(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 # -- retention ----------------------------------------------------------------------------
@@ -473,25 +535,28 @@ class Removal:
 
 
 def prune(root: str, max_age_days: float, max_total_bytes: int, now: float, *,
-          dry_run: bool = False) -> list[Removal]:
+          dry_run: bool = False, archives: Iterable[ArchiveInfo] | None = None,
+          total: int | None = None) -> list[Removal]:
     """Remove whole job archives, oldest first: those older than ``max_age_days``, then
     more until the rest fit in ``max_total_bytes``. A limit of 0 is no limit. An archive
     that an epilog is writing right now (its lock is held) is left for the next prune.
+    ``archives``: every archive, oldest first, as the index streams them, and ``total``
+    their size (needed with a size limit); else the archive is walked. Reading stops at
+    the first archive that stays: what is removed is the oldest prefix.
     """
-    archives = list_archives(root)
+    if archives is None:
+        archives = list_archives(root)
+        total = sum(i.size for i in archives)
+    remaining = total or 0
     removals: list[Removal] = []
-    kept = []
     for info in archives:
         if max_age_days > 0 and now - info.updated_at > max_age_days * 86400:
             removals.append(Removal(info, "age"))
+        elif 0 < max_total_bytes < remaining:
+            removals.append(Removal(info, "size"))
         else:
-            kept.append(info)
-    total = sum(i.size for i in kept)
-    for info in kept:
-        if max_total_bytes <= 0 or total <= max_total_bytes:
             break
-        removals.append(Removal(info, "size"))
-        total -= info.size
+        remaining -= info.size
     if dry_run:
         return removals
     done = []

@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from wrapper.lean import dataclass
 
@@ -155,6 +155,49 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
     paths = [c for a in ordered for c in a.checkpoints if c.path]
     ledger.latest_checkpoint = max(paths, key=lambda c: c.ts).path if paths else None
     return ledger
+
+
+# What ``jobwrap report`` needs of an attempt, in this order: the archive index keeps
+# ledgers so, a few hundred bytes a job.
+_BRIEF = ("number", "kind", "nodes", "started_at", "ended_at", "productive_s", "lost_s",
+          "checkpoints")
+
+
+def ledger_brief(ledger: Ledger) -> dict[str, Any]:
+    """The ledger's totals and each attempt's class, nodes, times, goodput shares and
+    checkpoint count: what ``report.build`` reads; ``ledger_from_brief`` reads it back."""
+    return {"wall_s": ledger.wall_s, "productive_s": ledger.productive_s,
+            "lost_s": ledger.lost_s, "ettr": ledger.ettr, "failures": ledger.failures,
+            "lost_by_class": ledger.lost_by_class, "gaps_by_class": ledger.gaps_by_class,
+            "attempts": [[getattr(a, key) for key in _BRIEF] for a in ledger.attempts]}
+
+
+def ledger_from_brief(data: dict[str, Any]) -> Ledger:
+    """A ledger back from ``ledger_brief``: what ``report.build`` reads, the rest left at
+    its default. Built by setting each record's fields whole (``_filled``): ``jobwrap
+    report`` makes a few hundred thousand of them, and the records' generic ``__init__``
+    was half its time."""
+    attempts = [_filled(AttemptLedger, _ATTEMPT_DEFAULTS, zip(_BRIEF, row, strict=True))
+                for row in data.get("attempts") or []]
+    for attempt in attempts:
+        attempt.first_progress = attempt.started_at
+    return _filled(Ledger, {"gap_s": 0.0, "startup_s": 0.0, "checkpoint_interval_s": None,
+                            "save_s": None, "latest_checkpoint": None},
+                   ((key, data[key]) for key in _LEDGER_BRIEF), attempts=attempts)
+
+
+_LEDGER_BRIEF = ("wall_s", "productive_s", "lost_s", "ettr", "failures", "lost_by_class",
+                 "gaps_by_class")
+_ATTEMPT_DEFAULTS = {"gap_before_s": 0.0, "startup_s": 0.0, "save_interval_s": None}
+_Record = TypeVar("_Record")
+
+
+def _filled(cls: type[_Record], defaults: dict[str, Any], items: Iterable[tuple[str, Any]],
+            **more: Any) -> _Record:
+    record = cls.__new__(cls)
+    vars(record).update(defaults, **more)
+    vars(record).update(items)
+    return record
 
 
 def from_summaries(summaries: Iterable[AttemptSummary | dict[str, Any]]) -> list[Attempt]:

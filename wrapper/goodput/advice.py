@@ -14,12 +14,14 @@ save (the first file's own write is not in it), which errs toward shorter interv
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from wrapper.archive.index import Index
     from wrapper.goodput.accounting import Ledger
 
 FAR = 2.0
@@ -70,30 +72,50 @@ def _span(seconds: float) -> str:
 
 
 def for_job(archive_root: str, ledger: Ledger, uid: int | None, now: float,
-            window_s: float = 30 * 86400) -> str | None:
+            window_s: float = 30 * 86400, *, index: Index | None = None) -> str | None:
     """The advice ``jobwrap status`` shows for the job whose ledger this is.
 
-    MTBF: the cluster's, over the archive's last ``window_s`` (attempt run time per
-    failure), else the job's own. The folder is measured with the job user's rights
-    (``call_as``); as root with no known user, it is not measured.
+    MTBF: the cluster's over the last ``window_s`` (attempt run time per failure), an
+    aggregate the archive's index answers (``index``; an ordinary user, who may not read
+    it, gets the one the last indexer published in ``.index/summary.json``), else the
+    job's own. The archive is never walked for it. The folder is measured with the job
+    user's rights (``call_as``); as root with no known user, it is not measured.
     """
-    from wrapper.errors import JobwrapError
-    from wrapper.goodput import report
-
     if ledger.checkpoint_interval_s is None:
         return None
-    mtbf: float | None = None
-    try:
-        jobs, _ = report.from_archive(archive_root, since=now - window_s, now=now)
-        mtbf = report.build(jobs).mtbf_s
-    except (JobwrapError, OSError):
-        mtbf = None
+    mtbf = cluster_mtbf(archive_root, now, window_s, index)
     if mtbf is None and ledger.failures:
         mtbf = sum(a.ended_at - a.started_at for a in ledger.attempts) / ledger.failures
     save = ledger.save_s
     if save is None and ledger.latest_checkpoint:
         save = _measure(ledger.latest_checkpoint, uid)
     return advise(ledger.checkpoint_interval_s, mtbf, save)
+
+
+def cluster_mtbf(archive_root: str, now: float, window_s: float,
+                 index: Index | None) -> float | None:
+    """The cluster's MTBF over ``window_s``: the index's aggregate, else the published
+    summary when it is a day old at most and of the same window, else None."""
+    from wrapper.archive import index as index_mod
+    from wrapper.errors import JobwrapError
+
+    if index is not None:
+        try:
+            return index.mtbf(now - window_s)
+        except JobwrapError:
+            return None
+    path = os.path.join(archive_root, index_mod.FOLDER, index_mod.SUMMARY)
+    try:
+        with open(path, "rb") as handle:
+            summary = json.loads(handle.read(4096))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("window_s") != window_s:
+        return None
+    written, mtbf = summary.get("written_at"), summary.get("mtbf_s")
+    if not isinstance(written, int | float) or not 0 <= now - written <= 86400:
+        return None
+    return float(mtbf) if isinstance(mtbf, int | float) and mtbf > 0 else None
 
 
 def _measure(path: str, uid: int | None) -> float | None:

@@ -20,14 +20,16 @@ import click
 def report(since: str, user: str | None, as_json: bool) -> None:
     """Goodput of the archived jobs: failures by class and node, flaky nodes, MTBF,
     restart gaps, the ETTR distribution."""
-    from wrapper.archive.cli import current_config, parse_since
+    from wrapper.archive.cli import current_config, open_index, parse_since
     from wrapper.goodput import report as report_mod
 
     cfg = current_config()
     now = time.time()
     start = parse_since(since, now)
-    jobs, problems = report_mod.from_archive(cfg.paths.archive_root, since=start, now=now,
-                                             user=user)
+    index = open_index(cfg)
+    jobs, problems = report_mod.from_index(index, since=start, user=user) \
+        if index is not None else \
+        report_mod.from_archive(cfg.paths.archive_root, since=start, now=now, user=user)
     built = report_mod.build(jobs, since=start)
     if as_json:
         click.echo(json.dumps({"report": built.as_dict(), "problems": problems}, indent=2))

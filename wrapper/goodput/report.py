@@ -17,12 +17,16 @@ is listed as flaky at ``FLAKY_SCORE`` or more with at least two such failures.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import bisect
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wrapper.goodput.accounting import RUNNING_CLASS, SUCCESS, Ledger
 from wrapper.lean import dataclass
+
+if TYPE_CHECKING:
+    from wrapper.archive.index import Index
 
 # The only classes that count against a node: both come from root's facts alone
 # (root's GPU probe or node watcher; Slurm's NODE_FAIL), never from the job's output.
@@ -77,7 +81,8 @@ class Report:
 def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
     report = Report(since=since)
     gaps: dict[str, list[float]] = {}
-    ended: list[tuple[float, JobLedger]] = []
+    ended: list[float] = []  # the ETTR of each ended job
+    worst: list[tuple[float, str, str, int, float]] = []  # the lowest five, kept as we go
     for job in jobs:
         ledger = job.ledger
         if not ledger.attempts:
@@ -99,14 +104,20 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
                 report.failures_by_class[attempt.kind] = \
                     report.failures_by_class.get(attempt.kind, 0) + 1
             for node in attempt.nodes:
-                stats = report.nodes.setdefault(node, NodeStats())
+                stats = report.nodes.get(node)
+                if stats is None:  # not setdefault: a NodeStats made per attempt was a
+                    stats = report.nodes[node] = NodeStats()  # fifth of report's time
                 stats.attempts += 1
                 if failed:
                     stats.failures[attempt.kind] = stats.failures.get(attempt.kind, 0) + 1
                 if attempt.kind in NODE_CAUSES:
                     stats.node_failures += 1
         if ledger.attempts[-1].kind != RUNNING_CLASS:
-            ended.append((ledger.ettr, job))
+            ended.append(ledger.ettr)
+            if ledger.ettr < 1.0:
+                bisect.insort(worst, (ledger.ettr, job.user, job.job_id, ledger.failures,
+                                      ledger.lost_s))
+                del worst[5:]
     report.mtbf_s = report.run_s / report.failures if report.failures else None
     all_gaps = [g for seen in gaps.values() for g in seen]
     report.restart_gaps = len(all_gaps)
@@ -115,7 +126,7 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
                                         if v}
     report.ettr = report.productive_s / report.wall_s if report.wall_s > 0 else None
     _score_nodes(report)
-    values = sorted(e for e, _ in ended)
+    values = sorted(ended)
     if values:
         report.ettr_of_ended_jobs = {"jobs": float(len(values)), "min": values[0],
                                      "p10": _quantile(values, 0.1),
@@ -124,9 +135,8 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
                                      "mean": sum(values) / len(values)}
         for bound in ETTR_BUCKETS:
             report.ettr_histogram[f"<={bound:g}"] = sum(1 for v in values if v <= bound)
-    report.worst_jobs = [{"job_id": j.job_id, "user": j.user, "ettr": e,
-                          "failures": j.ledger.failures, "lost_s": j.ledger.lost_s}
-                         for e, j in sorted(ended, key=lambda p: p[0])[:5] if e < 1.0]
+    report.worst_jobs = [{"job_id": job_id, "user": user, "ettr": ettr, "failures": failures,
+                          "lost_s": lost} for ettr, user, job_id, failures, lost in worst]
     return report
 
 
@@ -152,27 +162,45 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 def from_archive(root: str, *, since: float | None, now: float,
                  user: str | None = None) -> tuple[list[JobLedger], list[str]]:
-    """Every archived job's ledger (updated since ``since``), and what could not be read."""
+    """Every archived job's ledger (updated since ``since``) read from the manifests the
+    caller may read (each parsed once; folders older than ``since`` not opened), and what
+    could not be read. Without the index: an ordinary user's own folder."""
     from wrapper.archive import store
-    from wrapper.errors import JobwrapError
     from wrapper.goodput.accounting import account, from_summaries
 
     out: list[JobLedger] = []
     problems: list[str] = []
-    for info in store.list_archives(root, user=user, since=since):
-        try:
-            manifest = store.load_manifest(root, info.job_id, info.user)
-        except JobwrapError as exc:
-            problems.append(f"job {info.job_id} of {info.user}: {exc}")
-            continue
-        attempts = manifest.get("attempts")
+    for info, manifest in store.scan(root, user, since, sized=False):
+        attempts = (manifest or {}).get("attempts")
         if not isinstance(attempts, list):
-            problems.append(f"job {info.job_id} of {info.user}: its manifest lists no attempts")
+            problems.append(f"job {info.job_id} of {info.user}: " + (
+                "its manifest lists no attempts" if manifest is not None
+                else "its manifest does not parse"))
             continue
         summaries = [a for a in attempts if isinstance(a, dict)]
         out.append(JobLedger(info.job_id, info.user, account(from_summaries(summaries),
                                                              now=now)))
     return out, problems
+
+
+def from_index(index: Index, *, since: float | None,
+               user: str | None = None) -> tuple[Iterator[JobLedger], list[str]]:
+    """The same from the archive's index, streamed: no manifest opened (each job's ledger
+    was computed when it was indexed, as of its manifest's ``updated_at``, and kept brief:
+    ``accounting.ledger_brief``). The problems fill in as the ledgers are read."""
+    from wrapper.goodput.accounting import ledger_from_brief
+
+    problems: list[str] = []
+
+    def ledgers() -> Iterator[JobLedger]:
+        for job_id, name, ledger in index.ledgers(since=since, user=user):
+            if ledger is None:
+                problems.append(f"job {job_id} of {name}: its manifest does not parse or "
+                                "lists no attempts")
+                continue
+            yield JobLedger(job_id, name, ledger_from_brief(ledger))
+
+    return ledgers(), problems
 
 
 def render(report: Report) -> str:

@@ -1,0 +1,472 @@
+"""The archive's index: one small record per job, so that no command walks the archive.
+
+``status``, ``report``, ``archive list``, ``archive prune`` and the Young/Daly advice read
+it; the manifests stay the source of truth, and the index can always be built again from
+them (``jobwrap archive reindex``).
+
+Who writes what, and when:
+
+- the epilog (``store.Writer.commit``, root) drops the job's record, a small JSON file,
+  in ``<archive_root>/.index/spool/`` (write, fsync, rename), after the manifest is in
+  place. No SQLite there: a spool write that fails (a full disk) is logged and the
+  epilog goes on; the manifest is already whole, and ``reindex`` finds the job again.
+- one indexer at a time, under ``.index/indexer.lock``, folds the spool into the
+  database and removes the folded files: whoever reads the index as root does that first
+  (``reading``), and so do ``jobwrap archive index`` (a timer's job) and ``reindex``.
+  A spool record is an upsert keyed by (user, job id) that never replaces a newer row,
+  so folding twice, or in any order, gives the same index. A rebuild writes a new
+  database beside the old one and renames it into place: a reader sees the old index or
+  the new one, never half of one.
+- after each fold the indexer writes ``.index/summary.json`` (0644): the cluster's MTBF
+  over the last 30 days, an aggregate with no user's row in it, which ``jobwrap status``
+  of an ordinary user reads for its checkpoint advice.
+
+Who reads it (the archive's access rule, ``wrapper.archive.access``): the database is
+root's, 0600, in a 0711 folder: root (and whoever owns the archive root) reads it; an
+ordinary user's commands do not open it and read their own folder of the archive, as
+the file system lets them (``store.scan``). So the index shows no one a row the archive
+itself would not.
+
+The seam: ``Index`` is what the commands use; ``SqliteIndex`` is the one backend
+(``[archive] index_backend``). A server database (MariaDB, as slurmdbd uses) would be a
+second class with the same methods, chosen by that key: docs/scale.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import stat
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from wrapper.archive._fs import (
+    Access,
+    ArchiveError,
+    entries,
+    locked,
+    make_dir,
+    open_dir,
+    open_root,
+    read_json,
+    tree_size,
+    write_json_atomic,
+)
+from wrapper.archive.store import ArchiveInfo, info_of, scan
+from wrapper.lean import dataclass
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from wrapper.config import Config
+
+SCHEMA = 2  # 2: ledgers kept brief (accounting.ledger_brief)
+FOLDER = ".index"
+SPOOL = "spool"
+DATABASE = "archive.sqlite"
+LOCK = "indexer.lock"
+SUMMARY = "summary.json"
+MTBF_WINDOW_S = 30 * 86400.0
+LOCK_WAIT_S = 10.0  # how long a reader waits for another indexer before it reads as is
+_PRIVATE = Access(gid=0, dir_mode=0o700, file_mode=0o600)
+_PASSABLE = Access(gid=0, dir_mode=0o711, file_mode=0o644)  # .index: summary.json readable
+
+_SCHEMA_SQL = f"""
+CREATE TABLE IF NOT EXISTS jobs (
+  user TEXT NOT NULL, job_id TEXT NOT NULL, updated_at REAL NOT NULL, size INTEGER NOT NULL,
+  complete INTEGER NOT NULL, name TEXT NOT NULL, uid INTEGER, attempts TEXT NOT NULL,
+  run_s REAL NOT NULL, failures INTEGER NOT NULL, ledger TEXT, parsed INTEGER NOT NULL,
+  UNIQUE (user, job_id));
+CREATE INDEX IF NOT EXISTS jobs_updated ON jobs (updated_at);
+CREATE INDEX IF NOT EXISTS jobs_window ON jobs (updated_at, run_s, failures);
+CREATE INDEX IF NOT EXISTS jobs_id ON jobs (job_id);
+PRAGMA user_version = {SCHEMA};
+"""
+_UPSERT = """
+INSERT INTO jobs (user, job_id, updated_at, size, complete, name, uid, attempts, run_s,
+                  failures, ledger, parsed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (user, job_id) DO UPDATE SET updated_at = excluded.updated_at,
+  size = excluded.size, complete = excluded.complete, name = excluded.name,
+  uid = excluded.uid, attempts = excluded.attempts, run_s = excluded.run_s,
+  failures = excluded.failures, ledger = excluded.ledger, parsed = excluded.parsed
+WHERE excluded.updated_at >= jobs.updated_at
+"""
+_EVER = -1e18  # "since" when none is given: every row, the same statement
+_LIST = {False: "SELECT user, job_id, updated_at, size, complete, name, attempts FROM jobs "
+                "WHERE updated_at >= ? ORDER BY updated_at, job_id",
+         True: "SELECT user, job_id, updated_at, size, complete, name, attempts FROM jobs "
+               "WHERE updated_at >= ? AND user = ? ORDER BY updated_at, job_id"}
+_LEDGERS = {False: "SELECT job_id, user, ledger FROM jobs WHERE updated_at >= ?",
+            True: "SELECT job_id, user, ledger FROM jobs WHERE updated_at >= ? AND user = ?"}
+
+__all__ = ["Index", "IndexFault", "IndexLocked", "SqliteIndex", "reading", "record_of", "spool"]
+
+
+class IndexFault(ArchiveError):
+    """The index cannot be read or written (missing, damaged, of another schema)."""
+
+
+class IndexLocked(IndexFault):
+    """Another indexer holds the lock."""
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    jobs: int
+    skipped: list[str]  # "user/jobid": manifests that did not parse (the jobs stay listed)
+    folded: int = 0
+
+
+class Index(Protocol):
+    """What the commands ask of the index, whatever keeps it."""
+
+    path: str  # where it is, for messages
+
+    def check(self) -> None: ...
+    def close(self) -> None: ...
+    def fold(self) -> int: ...
+    def rebuild(self, say: Callable[[str], None] | None = None) -> Rebuilt: ...
+    def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]: ...
+    def stream(self, *, since: float | None = None,
+               user: str | None = None) -> Generator[ArchiveInfo, None, None]: ...
+    def total_size(self) -> int: ...
+    def locate(self, job_id: str) -> list[str]: ...
+    def ledgers(self, *, since: float | None,
+                user: str | None) -> Iterator[tuple[str, str, dict[str, Any] | None]]: ...
+    def mtbf(self, since: float) -> float | None: ...
+    def forget(self, removed: Iterable[ArchiveInfo]) -> None: ...
+
+
+# -- the record ----------------------------------------------------------------------------
+def record_of(root: str, user: str, job_id: str, manifest: dict[str, Any] | None, size: int,
+              mtime: float) -> dict[str, Any]:
+    """A job's index record (also the spool file's content) from its manifest, or from
+    its folder alone when the manifest does not parse (``parsed`` false: no ledger)."""
+    from wrapper.goodput.accounting import account, from_summaries, ledger_brief
+    from wrapper.goodput.report import NOT_A_FAILURE
+
+    info = info_of(root, user, job_id, manifest or {}, size, mtime)
+    attempts = (manifest or {}).get("attempts")
+    ledger: dict[str, Any] | None = None
+    run_s, failures = 0.0, 0
+    if isinstance(attempts, list):
+        built = account(from_summaries(a for a in attempts if isinstance(a, dict)),
+                        now=info.updated_at)
+        ledger = ledger_brief(built)
+        run_s = sum(a.ended_at - a.started_at for a in built.attempts)
+        failures = sum(1 for a in built.attempts if a.kind not in NOT_A_FAILURE)
+    job = (manifest or {}).get("job")
+    uid = job.get("uid") if isinstance(job, dict) else None
+    return {"v": SCHEMA, "user": user, "job_id": job_id, "updated_at": info.updated_at,
+            "size": size, "complete": info.complete, "name": info.name,
+            "uid": uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
+            "attempts": info.attempts, "run_s": run_s, "failures": failures,
+            "ledger": ledger, "parsed": manifest is not None}
+
+
+def _row(record: dict[str, Any]) -> tuple[Any, ...]:
+    ledger = record.get("ledger")
+    return (str(record["user"]), str(record["job_id"]), float(record["updated_at"]),
+            int(record["size"]), int(bool(record["complete"])), str(record["name"]),
+            record.get("uid"), json.dumps(record["attempts"]), float(record["run_s"]),
+            int(record["failures"]), None if ledger is None else json.dumps(ledger),
+            int(bool(record["parsed"])))
+
+
+def spool(root: str, root_fd: int, user: str, job_id: str, manifest: dict[str, Any]) -> None:
+    """The epilog's part: the job's record into the spool (root, after its manifest is in
+    place). Raises OSError or ArchiveError; the caller logs it and goes on."""
+    user_fd = open_dir(root_fd, user)
+    try:
+        job_fd = open_dir(user_fd, job_id)
+        try:
+            size, mtime = tree_size(job_fd), os.fstat(job_fd).st_mtime
+        finally:
+            os.close(job_fd)
+    finally:
+        os.close(user_fd)
+    record = record_of(root, user, job_id, manifest, size, mtime)
+    index_fd = make_dir(root_fd, FOLDER, _PASSABLE)
+    try:
+        spool_fd = make_dir(index_fd, SPOOL, _PRIVATE)
+        try:
+            name = f"{time.time_ns()}.{user}.{job_id}.{secrets.token_hex(4)}.json"
+            write_json_atomic(spool_fd, name, record, _PRIVATE)
+        finally:
+            os.close(spool_fd)
+    finally:
+        os.close(index_fd)
+
+
+# -- the SQLite backend --------------------------------------------------------------------
+class SqliteIndex:
+    """The index in one SQLite file (default ``<archive_root>/.index/archive.sqlite``)."""
+
+    def __init__(self, root: str, path: str = "", *, lock_wait: float | None = None) -> None:
+        self.root = root
+        self.path = path or os.path.join(root, FOLDER, DATABASE)
+        self.lock_wait = LOCK_WAIT_S if lock_wait is None else lock_wait
+        self._con: sqlite3.Connection | None = None
+
+    # reading
+    def _db(self) -> sqlite3.Connection:
+        if self._con is None:
+            self._con = _connect(self.path, create=False)
+        return self._con
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def check(self) -> None:
+        """Raises IndexFault when the index is missing, damaged or of another schema."""
+        import sqlite3
+
+        try:
+            version = self._db().execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA:
+                raise IndexFault(f"the index {self.path} has schema {version}, not {SCHEMA}")
+            self._db().execute("SELECT user, job_id FROM jobs LIMIT 1").fetchall()
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise IndexFault(f"the index {self.path} is damaged ({exc})") from None
+
+    def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]:
+        return list(self.stream(since=since, user=user))
+
+    def stream(self, *, since: float | None = None,
+               user: str | None = None) -> Generator[ArchiveInfo, None, None]:
+        """The jobs, oldest first, read as they are used (``close()`` it when stopping
+        early)."""
+        for u, j, t, s, c, n, a in self._rows(_LIST[user is not None], _args(since, user)):
+            yield ArchiveInfo(user=u, job_id=j, path=os.path.join(self.root, u, j),
+                              updated_at=t, size=s, complete=bool(c), name=n,
+                              attempts=json.loads(a))
+
+    def total_size(self) -> int:
+        return int(self._query("SELECT total(size) FROM jobs", ())[0][0])
+
+    def locate(self, job_id: str) -> list[str]:
+        """The users whose archive holds a job of this id (a reused id: more than one)."""
+        return [u for (u,) in self._query("SELECT user FROM jobs WHERE job_id = ? "
+                                          "ORDER BY updated_at DESC", (job_id,))]
+
+    def ledgers(self, *, since: float | None,
+                user: str | None) -> Iterator[tuple[str, str, dict[str, Any] | None]]:
+        for job_id, name, ledger in self._rows(_LEDGERS[user is not None], _args(since, user)):
+            yield job_id, name, None if ledger is None else json.loads(ledger)
+
+    def mtbf(self, since: float) -> float | None:
+        """Attempt run time per failure over the jobs updated since ``since``: what
+        ``report.build`` says of the same jobs, summed from the covering index
+        ``jobs_window`` alone (no table row read)."""
+        rows = self._query("SELECT total(run_s), total(failures) FROM jobs "
+                           "WHERE updated_at >= ?", (since,))
+        run_s, failures = rows[0]
+        return float(run_s) / failures if failures else None
+
+    def _rows(self, sql: str, args: tuple[Any, ...]) -> Iterator[Any]:
+        """A query's rows as the cursor gives them: memory does not grow with the archive."""
+        import sqlite3
+
+        try:
+            cursor = self._db().execute(sql, args)
+            try:
+                yield from cursor
+            finally:
+                cursor.close()
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise IndexFault(f"the index {self.path} cannot be read ({exc})") from None
+
+    def _query(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        import sqlite3
+
+        try:
+            return self._db().execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise IndexFault(f"the index {self.path} cannot be read ({exc})") from None
+
+    # writing (one indexer at a time)
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[tuple[int, int]]:
+        """The lock, and the index folder's and spool's descriptors."""
+        root_fd = open_root(self.root, create=False)
+        try:
+            index_fd = make_dir(root_fd, FOLDER, _PASSABLE)
+        finally:
+            os.close(root_fd)
+        try:
+            spool_fd = make_dir(index_fd, SPOOL, _PRIVATE)
+            try:
+                with contextlib.ExitStack() as stack:
+                    try:
+                        stack.enter_context(locked(index_fd, LOCK, self.lock_wait))
+                    except ArchiveError as exc:
+                        raise IndexLocked(str(exc)) from None
+                    # A connection opened before the lock may be to a file another
+                    # indexer's rebuild has since renamed away: writes there would be lost.
+                    self.close()
+                    yield index_fd, spool_fd
+            finally:
+                os.close(spool_fd)
+        finally:
+            os.close(index_fd)
+
+    def fold(self) -> int:
+        """Fold the spool into the index; returns how many records it took."""
+        import sqlite3
+
+        with self._writing() as (index_fd, spool_fd):
+            con = self._db()
+            try:
+                con.executescript(_SCHEMA_SQL)  # what a newer jobwrap adds (IF NOT EXISTS)
+            except sqlite3.DatabaseError as exc:
+                raise IndexFault(f"the index {self.path} cannot be written ({exc})") from None
+            taken = _fold(con, spool_fd)
+            self._summarize(index_fd)
+        return taken
+
+    def rebuild(self, say: Callable[[str], None] | None = None) -> Rebuilt:
+        """A new index from every manifest (and the spool), renamed over the old one."""
+        with self._writing() as (index_fd, spool_fd):
+            folder = os.path.dirname(self.path)
+            tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}."
+                               f"{secrets.token_hex(4)}.tmp")
+            con = _connect(tmp, create=True)
+            try:
+                jobs, skipped = 0, []
+                for info, manifest in scan(self.root):
+                    if manifest is None:
+                        skipped.append(f"{info.user}/{info.job_id}")
+                    con.execute(_UPSERT, _row(record_of(
+                        self.root, info.user, info.job_id, manifest, info.size,
+                        info.updated_at)))
+                    jobs += 1
+                folded = _fold(con, spool_fd)
+                con.close()
+                os.rename(tmp, self.path)
+            except BaseException:
+                con.close()
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            self._summarize(index_fd)
+        if say is not None:
+            say(f"archive index {self.path}: {jobs} jobs"
+                + (f"; manifests that do not parse (listed, not in reports): "
+                   f"{', '.join(skipped[:10])}" + (f" and {len(skipped) - 10} more"
+                                                   if len(skipped) > 10 else "")
+                   if skipped else ""))
+        return Rebuilt(jobs, skipped, folded)
+
+    def forget(self, removed: Iterable[ArchiveInfo]) -> None:
+        with self._writing():
+            con = self._db()
+            with con:
+                con.executemany("DELETE FROM jobs WHERE user = ? AND job_id = ?",
+                                [(r.user, r.job_id) for r in removed])
+
+    def _summarize(self, index_fd: int) -> None:
+        now = time.time()
+        write_json_atomic(index_fd, SUMMARY, {"written_at": now, "window_s": MTBF_WINDOW_S,
+                                              "mtbf_s": self.mtbf(now - MTBF_WINDOW_S)},
+                          _PASSABLE)
+
+
+def _fold(con: sqlite3.Connection, spool_fd: int) -> int:
+    import sqlite3
+
+    names = sorted(e.name for e in entries(spool_fd)
+                   if e.name.endswith(".json") and not e.name.startswith("."))
+    rows = []
+    for name in names:
+        record = read_json(spool_fd, name)
+        if record is not None and record.get("v") == SCHEMA:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                rows.append(_row(record))
+    try:
+        with con:
+            con.executemany(_UPSERT, rows)
+    except sqlite3.DatabaseError as exc:
+        raise IndexFault(f"the index cannot take the spool ({exc})") from None
+    for name in names:  # after the commit: a crash before this folds them again, harmlessly
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=spool_fd)
+    return len(rows)
+
+
+def _args(since: float | None, user: str | None) -> tuple[Any, ...]:
+    start = _EVER if since is None else since
+    return (start,) if user is None else (start, user)
+
+
+def _connect(path: str, *, create: bool) -> sqlite3.Connection:
+    """The database at ``path``: never through a symlink, created 0600 (its journal takes
+    the same mode), and raising IndexFault when it is missing or not a file."""
+    import sqlite3
+
+    if create:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise IndexFault(f"there is no index at {path}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise IndexFault(f"{path} is not a regular file (a symlink?); refusing it")
+    con = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=LOCK_WAIT_S,
+                          isolation_level=None if create else "DEFERRED")
+    if create:
+        con.executescript(_SCHEMA_SQL)
+        con.execute("BEGIN")
+    return con
+
+
+# -- what the commands call ----------------------------------------------------------------
+def may_read(root: str) -> bool:
+    """Whether this process reads the index: root, or the archive root's owner (a test's,
+    a sandbox's). Anyone else reads their own folder of the archive."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        return os.stat(root).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def backend(cfg: Config) -> Index:
+    """The index ``[archive] index_backend`` names (sqlite: the one there is)."""
+    return SqliteIndex(cfg.paths.archive_root, cfg.archive.index_path)
+
+
+def reading(cfg: Config, say: Callable[[str], None]) -> Index | None:
+    """The index, its spool folded in, ready to read; None when this process may not read
+    it (an ordinary user) or nothing is archived yet. A missing or damaged index is built
+    again from the manifests, with one line through ``say``; a lock held by another
+    indexer for longer than ``LOCK_WAIT_S`` reads the index as it is."""
+    root = cfg.paths.archive_root
+    if not os.path.isdir(root) or not may_read(root):
+        return None
+    index = backend(cfg)
+    try:
+        try:
+            index.check()
+            index.fold()
+        except IndexLocked as exc:
+            say(f"{exc}; reading the index without the newest jobs")
+        except IndexFault as exc:
+            why = str(exc)
+            index.rebuild(lambda line: say(f"{why}: built it again from the manifests; {line}"))
+    except (ArchiveError, OSError) as exc:  # a rebuild that cannot run: locked, no room ...
+        index.close()
+        said = exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+        say(f"the archive index cannot be used ({said}); reading the manifests instead")
+        return None
+    return index
