@@ -90,6 +90,8 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
         findings.extend(slurm_findings)
         if slurm_version:
             findings.append(check_prolog_every_attempt(slurm_version, cfg))
+        if slurm_version and conf is not None:
+            findings.append(check_requeue_mechanism(conf, slurm_version, cfg))
     versions = {"jobwrap": __version__, "slurm": slurm_version or "unknown",
                 "python": platform.python_version()}
     findings.append(Finding("versions", "pass", ", ".join(f"{k} {v}"
@@ -281,6 +283,30 @@ def check_prolog_every_attempt(version: str, cfg: Config) -> Finding:
                    f"launches steps there (bug 15656, fixed in 23.02): {then}",
                    "upgrade Slurm to 23.02 or later; until then keep [hooks] "
                    "unchecked_attempt = \"requeue\"")
+
+
+def check_requeue_mechanism(conf: SlurmConf, version: str, cfg: Config) -> Finding:
+    """What makes a requeued job eligible again on this cluster, and why: Slurm alone
+    holds it for ``requeue_delay`` (25.11; before, and by default, ``cred_expire`` + 1 =
+    121 s); jobwrap's release lifts that as soon as the job is pending."""
+    delay = next((item.split("=", 1)[1] for item in conf.items("SchedulerParameters")
+                  if item.startswith("requeue_delay=")), None)
+    try:
+        seconds = float(delay) if delay is not None else None
+    except ValueError:
+        seconds = None
+    if seconds is not None and seconds <= cfg.restart.release_delay:
+        return Finding("slurm.requeue", "pass", f"Slurm's own: SchedulerParameters="
+                       f"requeue_delay={delay} makes a requeued job eligible at once; "
+                       "jobwrap's release finds it started, or only excludes faulty nodes")
+    held = f"requeue_delay={delay} s" if delay is not None else "cred_expire + 1 = 121 s"
+    numbers = re.match(r"(\d+)\.(\d+)", version)
+    newer = numbers is not None and (int(numbers[1]), int(numbers[2])) >= (25, 11)
+    hint = ("; this Slurm can do it itself: SchedulerParameters=requeue_delay=0" if newer
+            else "")
+    return Finding("slurm.requeue", "pass", f"jobwrap's release: Slurm {version} alone "
+                   f"holds a requeued job for {held}; jobwrap makes it eligible "
+                   f"{cfg.restart.release_delay:g} s after it is pending{hint}")
 
 
 def _check_timeout(conf: SlurmConf, cfg: Config) -> Finding:

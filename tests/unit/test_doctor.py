@@ -20,6 +20,7 @@ from wrapper.doctor import (
     Finding,
     check_folder,
     check_prolog_every_attempt,
+    check_requeue_mechanism,
     diagnose,
     parse_slurm_conf,
     render_table,
@@ -476,3 +477,19 @@ def test_doctor_says_whether_this_slurm_runs_the_prolog_every_attempt() -> None:
     for fixed in ("23.02.0", "23.11.11", "25.11.7"):
         assert check_prolog_every_attempt(fixed, Config()).status == "pass"
     assert check_prolog_every_attempt("slurm-git", Config()).status == "warn"
+
+
+def test_doctor_says_what_makes_a_requeued_job_eligible(tmp_path: Path) -> None:
+    conf_path = tmp_path / "slurm.conf"
+    conf_path.write_text("ClusterName=c\n")
+    bare = check_requeue_mechanism(parse_slurm_conf(conf_path), "22.05.8", Config())
+    assert bare.status == "pass" and bare.detail.startswith("jobwrap's release")
+    assert "121 s" in bare.detail and "requeue_delay=0" not in bare.detail
+    assert "can do it itself: SchedulerParameters=requeue_delay=0" in \
+        check_requeue_mechanism(parse_slurm_conf(conf_path), "25.11.7", Config()).detail
+    conf_path.write_text("SchedulerParameters=bf_continue,requeue_delay=0\n")
+    own = check_requeue_mechanism(parse_slurm_conf(conf_path), "25.11.7", Config())
+    assert own.detail.startswith("Slurm's own: SchedulerParameters=requeue_delay=0")
+    conf_path.write_text("SchedulerParameters=requeue_delay=300\n")
+    slow = check_requeue_mechanism(parse_slurm_conf(conf_path), "25.11.7", Config())
+    assert "holds a requeued job for requeue_delay=300 s" in slow.detail
