@@ -310,6 +310,9 @@ class RestartConfig(Section):
     release_delay: float = _opt(1.5, "Seconds between a requeued job leaving COMPLETING and "
                                 "its release: slurmd refuses a relaunch within the second "
                                 "the old credential was revoked.", non_negative=True)
+    spare_nodes: str = _opt("", "Default --spare-nodes per partition, e.g. \"gpu=1,big=2\" "
+                            "(jobs asking none get these; written into job_submit.lua by "
+                            "jobwrap install-lua).")
 
 
 class StagingConfig(Section):

@@ -13,7 +13,8 @@ and by root's hooks, so reading it is bounded and linear whatever it holds:
   :data:`_BOUNDARY`, a POSIX shell's quoting as ``shlex.split``), found by searching,
   never by backtracking or by growing a string a character at a time;
 - every number has a range, checked on its digits before any conversion:
-  ``--max-restarts`` 0 to :data:`MAX_RESTARTS`, ``--hang-timeout`` up to
+  ``--max-restarts`` 0 to :data:`MAX_RESTARTS`, ``--spare-nodes`` 0 to
+  :data:`MAX_SPARE_NODES`, ``--hang-timeout`` up to
   :data:`MAX_HANG_TIMEOUT` seconds (30 days);
 - bytes that are not UTF-8 reach here as lone surrogates (``surrogateescape``); they
   are quoted as ``\\udcXX`` in messages and never raise.
@@ -32,6 +33,7 @@ PREFIX = "#JOBWRAP"
 HEADER_BYTES = 256 * 1024
 HEADER_LINES = 1000
 MAX_RESTARTS = 1000
+MAX_SPARE_NODES = 64
 MAX_HANG_TIMEOUT = 30 * 86400
 MAX_NUMBER_DIGITS = 9  # a whole-number value longer than this is out of range unread
 MAX_DURATION_CHARS = 32  # a duration longer than this is none
@@ -74,6 +76,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--stage-in", "spec", "SRC[:DEST[:unpack]]: copy SRC to scratch before the job."),
     Option("--stage-out", "spec", "SRC:DEST: copy SRC from scratch to DEST after the job."),
     Option("--no-requeue", "flag", "Never requeue this job, whatever happens."),
+    Option("--spare-nodes", "int", "Hold N extra nodes, watched while idle, that take a "
+           f"failed node's place inside the allocation (0 to {MAX_SPARE_NODES}; needs a "
+           "fixed #SBATCH --nodes and the command under jobwrap run).", MAX_SPARE_NODES),
 )
 _BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -88,6 +93,7 @@ class JobOptions:
     stage_in: tuple[str, ...] = field(default_factory=tuple)
     stage_out: tuple[str, ...] = field(default_factory=tuple)
     no_requeue: bool = False
+    spare_nodes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -42,6 +42,7 @@ class SiteDefaults:
     signal_name: str = "URG"
     signal_number: int = 23
     signal_lead: int = 300
+    spare_nodes: str = ""
 
     @classmethod
     def from_config(cls, cfg: Config, *, max_restarts_limit: int = -1,
@@ -53,7 +54,23 @@ class SiteDefaults:
                                f"Slurm's --signal allows at most {MAX_SIGNAL_LEAD} s")
         return cls(requeue=requeue, max_restarts=cfg.restart.max_restarts,
                    max_restarts_limit=max_restarts_limit, signal_name=name,
-                   signal_number=number, signal_lead=lead)
+                   signal_number=number, signal_lead=lead,
+                   spare_nodes=spare_defaults(cfg.restart.spare_nodes))
+
+
+def spare_defaults(text: str) -> str:
+    """``[restart] spare_nodes`` checked: ``PART=N`` items, comma-separated, N 0 to 64."""
+    from wrapper.directives import MAX_SPARE_NODES
+
+    items = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, eq, count = (s.strip() for s in item.partition("="))
+        if not (eq and name and count.isdigit() and len(count) <= 3
+                and int(count) <= MAX_SPARE_NODES and re.fullmatch(r"[^\s=,]+", name)):
+            raise InstallError(f"[restart] spare_nodes = {text!r}: {item!r} is not PART=N "
+                               f"(N from 0 to {MAX_SPARE_NODES}), e.g. \"gpu=1,big=2\"")
+        items.append(f"{name}={int(count)}")
+    return ",".join(items)
 
 
 def signal_of(text: str) -> tuple[str, int]:

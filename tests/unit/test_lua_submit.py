@@ -264,3 +264,59 @@ def test_a_long_header_leaves_the_prolog_to_read_the_script(lua: str, tmp_path: 
     script = "#!/bin/bash\n" + "#JOBWRAP --checkpoint-glob=" + "x" * 5000 + "\nsrun x\n"
     result = _one(lua, tmp_path, luarun.submit_case(script))
     assert result["rc"] == SUCCESS and result["extra"] == ""
+
+
+# Partitions as job_submit/lua hands them: flags bit 0 marks the default one.
+PARTS = {"debug": {"flags": 1, "total_nodes": 3, "max_nodes": 4294967295},
+         "small": {"flags": 0, "total_nodes": 8, "max_nodes": 2}}
+SPARE = "#!/bin/bash\n#SBATCH -N2{sbatch}\n#JOBWRAP --spare-nodes={n}\nsrun python t.py\n"
+
+
+def _spare_case(n: int = 1, sbatch: str = "", **fields: Any) -> dict[str, Any]:
+    job = {"min_nodes": 2, "max_nodes": 2, **fields}
+    return {**luarun.submit_case(SPARE.format(n=n, sbatch=sbatch), **job), "part_list": PARTS}
+
+
+def test_spare_nodes_come_on_top_of_the_jobs_nodes(lua: str, tmp_path: Path) -> None:
+    plain, no_kill, tasks = _run(lua, tmp_path, [
+        _spare_case(), _spare_case(sbatch=" --no-kill"), _spare_case(num_tasks=8)])
+    assert plain["rc"] == SUCCESS and (plain["set"]["min_nodes"], plain["set"]["max_nodes"]) \
+        == (3, 3)
+    # without --no-kill a node Slurm loses ends the job: said at submit, accepted
+    assert "add #SBATCH --no-kill" in plain["user_msg"]
+    assert no_kill["rc"] == SUCCESS and "user_msg" not in no_kill
+    assert tasks["set"]["num_tasks"] == 12  # 4 tasks per node, on 3 nodes
+
+
+@pytest.mark.parametrize(("case", "phrase"), [
+    (_spare_case(min_nodes=4294967294, max_nodes=4294967294), "needs a fixed node count"),
+    (_spare_case(max_nodes=4), "needs a fixed node count"),
+    (_spare_case(2), "do not fit in partition debug, which has 3 nodes"),
+    (_spare_case(1, partition="small"), "than partition small allows a job (MaxNodes=2)"),
+    (_spare_case(num_tasks=3), "3 tasks do not spread evenly over 2 nodes"),
+])
+def test_spare_nodes_a_job_cannot_have_are_refused_with_the_reason(
+        lua: str, tmp_path: Path, case: dict[str, Any], phrase: str) -> None:
+    result = _one(lua, tmp_path, case)
+    assert result["rc"] == SLURM_ERROR, result
+    assert result["user_msg"].startswith("#JOBWRAP line 3: --spare-nodes=")
+    assert phrase in result["user_msg"], result["user_msg"]
+    assert "set" not in result
+
+
+def test_the_sites_default_spares_reach_jobwrap_in_the_extra(lua: str, tmp_path: Path) -> None:
+    site = SiteDefaults(spare_nodes="debug=1")
+    plain = {**luarun.submit_case(PLAIN, min_nodes=2, max_nodes=2), "part_list": PARTS}
+    other = {**luarun.submit_case(PLAIN, min_nodes=2, max_nodes=2, partition="small"),
+             "part_list": PARTS}
+    too_big = {**luarun.submit_case(PLAIN, min_nodes=3, max_nodes=3), "part_list": PARTS}
+    asked_none = {**_spare_case(0)}
+    got, elsewhere, unfit, zero = _run(lua, tmp_path, [plain, other, too_big, asked_none],
+                                       site)
+    assert got["rc"] == SUCCESS and got["set"]["min_nodes"] == 3
+    assert "#JOBWRAP --spare-nodes=1" in got["extra"]
+    assert elsewhere["rc"] == SUCCESS and "min_nodes" not in elsewhere.get("set", {})
+    # the site's default never refuses a job: one it does not fit gets none
+    assert unfit["rc"] == SUCCESS and "min_nodes" not in unfit.get("set", {})
+    assert "spare-nodes" not in unfit.get("extra", "")
+    assert zero["rc"] == SUCCESS and "min_nodes" not in zero.get("set", {})

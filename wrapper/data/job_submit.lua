@@ -39,6 +39,9 @@ local SITE = {
     signal_name = "URG",
     signal_number = 23,
     signal_lead = 300,
+    -- Spare nodes a job gets when it asks none ([restart] spare_nodes): "PART=N,...",
+    -- per partition; "" none.
+    spare_nodes = "",
 }
 -- END SITE
 
@@ -59,6 +62,7 @@ local OPTIONS = {
     { name = "--stage-in", kind = "spec" },
     { name = "--stage-out", kind = "spec" },
     { name = "--no-requeue", kind = "flag" },
+    { name = "--spare-nodes", kind = "int", most = 64 },
 }
 local BY_NAME = {}
 local VALID_NAMES = {}
@@ -770,9 +774,14 @@ local function percent(c)
     return string.format("%%%02X", c:byte())
 end
 
-local function store_directives(job_desc, header)
+local function extra_is_ours(job_desc)
     local current = job_desc.extra
-    if current ~= nil and current ~= "" and not starts_with(current, EXTRA_TAG) then
+    return current == nil or current == "" or starts_with(current, EXTRA_TAG)
+end
+
+-- added: directive lines the site adds (its default spare nodes), kept after the job's.
+local function store_directives(job_desc, header, added)
+    if not extra_is_ours(job_desc) then
         return "left: the job's own --extra"
     end
     local kept = {}
@@ -784,6 +793,9 @@ local function store_directives(job_desc, header)
             kept[#kept + 1] = (line:gsub("[%%%c\128-\255]", percent))
         end
     end
+    for _, line in ipairs(added or {}) do
+        kept[#kept + 1] = line
+    end
     local text = EXTRA_TAG .. " " .. table.concat(kept, "%0A")
     if #text > EXTRA_MOST then
         job_desc.extra = "" -- too long: the prolog reads the script
@@ -793,13 +805,99 @@ local function store_directives(job_desc, header)
     return "stored"
 end
 
+-- Whether an #SBATCH line of the header says --no-kill (-k): a node Slurm loses then
+-- leaves the job running on the others, so a spare can take its place.
+local function sbatch_no_kill(header)
+    for _, line in ipairs(header_lines(header, "#SBATCH")) do
+        for _, word in ipairs(shell_words(line[2]) or {}) do
+            if word == "--no-kill" or word == "-k" or starts_with(word, "--no-kill=") then
+                return true
+            end
+        end
+    end
+    return false
+end
+
+-- The partitions the job may run in: the ones it names, else the default one.
+local function job_partitions(job_desc, part_list)
+    local names = {}
+    local asked = job_desc.partition
+    if asked ~= nil and asked ~= "" then
+        for name in asked:gmatch("[^,]+") do
+            names[#names + 1] = name
+        end
+        return names
+    end
+    for name, part in pairs(part_list or {}) do
+        local flags = part.flags
+        if flags ~= nil and flags % 2 == 1 then -- PART_FLAG_DEFAULT
+            names[#names + 1] = name
+        end
+    end
+    return names
+end
+
+-- SITE.spare_nodes for the job's (first) partition; 0 when the site sets none.
+local function site_spares(names)
+    local site = SITE.spare_nodes or ""
+    for item in site:gmatch("[^,]+") do
+        local part, count = item:match("^%s*([^=%s]+)%s*=%s*(%d+)%s*$")
+        if part ~= nil and part == names[1] and #count <= MAX_NUMBER_DIGITS then
+            return tonumber(count)
+        end
+    end
+    return 0
+end
+
+local function is_set32(value)
+    return value ~= nil and value ~= 0 and value ~= slurm.NO_VAL and value ~= slurm.INFINITE
+end
+
+-- Add the job's spare nodes to its node count; nil, or the reason it cannot have them.
+local function add_spares(job_desc, part_list, spares, where)
+    local base, most = job_desc.min_nodes, job_desc.max_nodes
+    if not is_set32(base) or (is_set32(most) and most ~= base) then
+        return string.format("%s: --spare-nodes=%d needs a fixed node count: add "
+            .. "#SBATCH --nodes=N (the nodes the job works on; the spares come on top)",
+            where, spares)
+    end
+    local total = base + spares
+    for _, name in ipairs(job_partitions(job_desc, part_list)) do
+        local part = part_list and part_list[name]
+        if part ~= nil then
+            local size, cap = part.total_nodes, part.max_nodes
+            if size ~= nil and total > size then
+                return string.format("%s: --spare-nodes=%d: %d nodes and %d spares do not "
+                    .. "fit in partition %s, which has %d nodes; ask fewer spares", where,
+                    spares, base, spares, name, size)
+            end
+            if is_set32(cap) and total > cap then
+                return string.format("%s: --spare-nodes=%d: %d nodes and %d spares are more "
+                    .. "than partition %s allows a job (MaxNodes=%d); ask fewer spares",
+                    where, spares, base, spares, name, cap)
+            end
+        end
+    end
+    local tasks = job_desc.num_tasks
+    if is_set32(tasks) then
+        if tasks % base ~= 0 then
+            return string.format("%s: --spare-nodes=%d: %d tasks do not spread evenly over "
+                .. "%d nodes; use #SBATCH --ntasks-per-node", where, spares, tasks, base)
+        end
+        job_desc.num_tasks = math.floor(tasks / base) * total
+    end
+    job_desc.min_nodes = total
+    job_desc.max_nodes = total
+    return nil
+end
+
 local function refuse(message)
     -- log_user formats its arguments like string.format: never pass text as the format.
     slurm.log_user("%s", message)
     return slurm.ERROR
 end
 
-local function submit(job_desc, submit_uid)
+local function submit(job_desc, part_list, submit_uid)
     local script = job_desc.script
     if script == nil then
         return slurm.SUCCESS -- srun/salloc: no batch script, nothing of ours to check
@@ -817,12 +915,44 @@ local function submit(job_desc, submit_uid)
         return refuse(string.format("#JOBWRAP line %d: --max-restarts=%s: this cluster "
             .. "allows at most %d restarts", where[1], py_repr(where[2]), limit))
     end
+    local spares, asked = options["--spare-nodes"], true
+    local added = {}
+    if spares == nil then
+        -- The site's default reaches jobwrap as a directive in the job's Extra; where
+        -- that cannot be stored (the job's own --extra) the job gets none.
+        spares, asked = site_spares(job_partitions(job_desc, part_list)), false
+        if not extra_is_ours(job_desc) then
+            spares = 0
+        end
+    end
+    if spares > 0 then
+        local where = asked and ("#JOBWRAP line " .. given["--spare-nodes"][1])
+            or "this cluster's default spare nodes"
+        local problem = add_spares(job_desc, part_list, spares, where)
+        if problem and asked then
+            return refuse(problem)
+        elseif problem then -- the site's default fits no job of this shape: none for it
+            slurm.log_debug("jobwrap: job of uid %s gets no spare: %s", tostring(submit_uid),
+                problem)
+            spares = 0
+        end
+    end
+    if spares > 0 then
+        if not asked then
+            added[1] = string.format("%s --spare-nodes=%d", PREFIX, spares)
+        end
+        if not sbatch_no_kill(header) then
+            slurm.log_user("%s", string.format("jobwrap: %d spare node(s) held; add "
+                .. "#SBATCH --no-kill so that a node Slurm loses is replaced too (without "
+                .. "it only a GPU fault is)", spares))
+        end
+    end
     local requeue, why = decide_requeue(job_desc, options, header)
     if requeue ~= nil then
         job_desc.requeue = requeue
     end
     local signal = add_signal(job_desc)
-    local stored = store_directives(job_desc, header)
+    local stored = store_directives(job_desc, header, added)
     slurm.log_debug("jobwrap: job of uid %s: requeue=%s (%s), pre-timeout signal: %s, "
         .. "directives for the prolog: %s", tostring(submit_uid), tostring(requeue), why,
         signal, stored)
@@ -830,7 +960,7 @@ local function submit(job_desc, submit_uid)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
-    local ok, rc = pcall(submit, job_desc, submit_uid)
+    local ok, rc = pcall(submit, job_desc, part_list, submit_uid)
     if ok then
         return rc
     end
