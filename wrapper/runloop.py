@@ -7,7 +7,9 @@ Signals sent to jobwrap (Slurm's pre-timeout signal, scancel's SIGTERM) are forw
 to the command's process group; after a SIGTERM or SIGINT there is no restart. Nor is
 there when root found a node of the job faulty (a watcher's GPU fault, a drain with
 jobwrap's reason, a node Slurm lost): the command's status ends the job, and the
-epilog's requeue puts it on healthy nodes.
+epilog's requeue puts it on healthy nodes, unless the job holds spare nodes
+(``--spare-nodes``): then the faulty node is given back and the work restarts at once on
+the healthy ones with a spare in its place, inside the allocation (:class:`Spares`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -32,6 +34,7 @@ from wrapper.restart.classify import Evidence, classify
 from wrapper.restart.policy import PastAttempt, decide
 
 if TYPE_CHECKING:
+    from wrapper.job.events import Event
     from wrapper.slurm import SlurmBackend
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
@@ -72,13 +75,19 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
     options = with_directives(options, cfg)
     max_restarts = resume_mod.max_restarts(options, cfg)
     base_attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    _record_start(cfg, command, base_attempt)
+    spares = Spares.of(options, os.environ, working=_working_before(cfg))
+    _record_start(cfg, command, base_attempt, spares.left if spares is not None else 0)
+    if spares is not None:
+        say(f"jobwrap run: working on {spares.working} of the job's {len(spares.nodes)} "
+            f"nodes; {spares.left} spare ({','.join(spares.nodes[spares.working:])})")
     attempt = 0
+    swaps = 0  # restarts onto a spare: a node's fault, so none of --max-restarts
     while True:
         resume = _latest(options)
         resumes = bool(resume) and (attempt > 0 or base_attempt > 0
                                     or resume_mod.RESUME_FROM in os.environ)
-        env = resume_mod.environ(os.environ, resume_mod.exports(
+        base_env = spares.environ(os.environ) if spares is not None else os.environ
+        env = resume_mod.environ(base_env, resume_mod.exports(
             attempt=base_attempt + attempt, scratch=None,
             checkpoint_dir=os.path.abspath(options.checkpoint_dir)
             if options.checkpoint_dir else None,
@@ -98,9 +107,14 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
                     seconds=round(time.monotonic() - started, 2))
         if state.stopping:
             return status if status >= 0 else 128 + sig
+        if status != 0 and spares is not None:
+            moved = spares.replace_faulty(cfg, base_attempt, say)
+            if moved:
+                attempt, swaps = attempt + 1, swaps + 1
+                continue
         verdict = classify(Evidence(exit_code=code, exit_signal=sig))
         after = _latest(options)
-        decision = decide(verdict, attempt=attempt, max_restarts=max_restarts,
+        decision = decide(verdict, attempt=attempt - swaps, max_restarts=max_restarts,
                           no_requeue=options.no_requeue, history=state.history,
                           checkpoint_step=after[1] if after else None,
                           checkpoint_path=after[0] if after else None, node="",
@@ -111,7 +125,8 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
             + ("restarting in place" if decision.requeue else f"stopping: {decision.reason}"))
         if not decision.requeue:
             return code if code else 128 + sig
-        faulty = faulty_nodes(cfg, base_attempt)
+        faulty = faulty_nodes(cfg, base_attempt,
+                              nodes=spares.nodes if spares is not None else None)
         if faulty:  # never restart in place on a node root found faulty: the queue's turn
             where = "; ".join(f"{node}: {why}" for node, why in sorted(faulty.items()))
             say(f"jobwrap run: not restarting in place: a node of the job is faulty ({where}); "
@@ -147,12 +162,107 @@ def with_directives(options: JobOptions, cfg: Config) -> JobOptions:
     return JobOptions.from_dict(merged)
 
 
-def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None
-                 ) -> dict[str, str]:
-    """``{node: why}`` for the job's nodes root found faulty during this attempt: a node
-    watcher's fault in root's record here, a node drained with a jobwrap reason, a node
-    Slurm lost. Root's and Slurm's facts only; outside a job, or when Slurm cannot be
-    asked, nothing (the next attempt's own watchers still follow it)."""
+@dataclass
+class Spares:
+    """The job's nodes under ``--spare-nodes``: the first ``working`` of ``nodes`` (the
+    allocation now) carry the work, the rest wait, watched by their node watchers.
+
+    srun places a step on the allocation's first nodes in its order, so the command's
+    environment saying ``working`` nodes (``SLURM_JOB_NUM_NODES``, srun's ``-N``) keeps
+    its steps off the spares, in nested scripts too. When a node fails, it is given back
+    (``scontrol update JobId= NodeList=``; one Slurm lost is gone already under
+    ``--no-kill``) and the next spare in order becomes a working node."""
+
+    working: int
+    nodes: list[str]
+    used: int = 0
+
+    @property
+    def left(self) -> int:
+        return len(self.nodes) - self.working
+
+    @classmethod
+    def of(cls, options: JobOptions, environ: Mapping[str, str], *,
+           working: int | None = None) -> Spares | None:
+        """``working``: the count an earlier attempt worked on, when it used spares (a
+        job that gave nodes back is requeued with fewer: its spares are spent)."""
+        from wrapper.slurm.parse import expand_hostlist
+
+        count = options.spare_nodes or 0
+        try:
+            nodes = expand_hostlist(environ.get("SLURM_JOB_NODELIST", ""))
+        except ValueError:
+            return None
+        if working is None:
+            working = len(nodes) - count
+        if count <= 0 or not environ.get("SLURM_JOB_ID", "").isdigit() \
+                or not 0 < working < len(nodes):
+            return None
+        return cls(working=working, nodes=nodes)
+
+    def environ(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The command's environment: srun's default node count is the working nodes',
+        and the task count follows where the job gave tasks per node."""
+        env = dict(environ)
+        env["SLURM_JOB_NUM_NODES"] = env["SLURM_NNODES"] = str(self.working)
+        env["SLURM_JOB_NODELIST"] = env["SLURM_NODELIST"] = ",".join(self.nodes)
+        per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+        if per_node.isdigit() and env.get("SLURM_NTASKS", "").isdigit():
+            env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(int(per_node) * self.working)
+        return env
+
+    def replace_faulty(self, cfg: Config, attempt: int, say: Callable[[str], None],
+                       backend: SlurmBackend | None = None) -> bool:
+        """After a failed run: when root or Slurm found working nodes faulty and spares
+        are left, give those nodes back and move the work onto spares (True); else False,
+        and the usual path decides (a restart in place, or the epilog's requeue)."""
+        if backend is None:
+            from wrapper import slurm
+
+            backend = slurm.backend(cfg.slurm)
+        faulty = faulty_nodes(cfg, attempt, backend, nodes=self.nodes)
+        if not faulty:
+            return False
+        keep = [n for n in self.nodes if n not in faulty]
+        where = "; ".join(f"{node}: {why}" for node, why in sorted(faulty.items()))
+        if len(keep) < self.working:
+            say(f"jobwrap run: no spare node left for {where}")
+            return False
+        job_id = os.environ["SLURM_JOB_ID"]
+        from wrapper.errors import JobwrapError
+        from wrapper.slurm.parse import expand_hostlist
+
+        try:  # a node Slurm lost under --no-kill has left the allocation already
+            held = expand_hostlist(backend.job_info(job_id).get("NodeList", ""))
+            if any(n in held for n in faulty):
+                backend.shrink_job(job_id, [n for n in held if n not in faulty])
+        except (JobwrapError, ValueError) as exc:
+            say(f"jobwrap run: could not give back {', '.join(sorted(faulty))} ({exc}); "
+                "ending, so that jobwrap requeues the job away from it")
+            return False
+        before = set(self.nodes[:self.working])
+        self.nodes = keep
+        self.used += len(faulty)
+        took = [n for n in keep[:self.working] if n not in before]
+        say(f"jobwrap run: {where}; gave it back and restarted on "
+            f"{','.join(keep[:self.working])} (spare {','.join(took)} took its place; "
+            f"{self.left} spare left)")
+        from wrapper.job import events as ev
+
+        _record(cfg, job_id, ev.SpareUsed(
+            attempt=attempt, node=os.environ.get("SLURMD_NODENAME", ""),
+            failed=sorted(faulty), reason=where[:400], replaced_by=took,
+            spares_left=self.left, working=self.working))
+        return True
+
+
+def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None, *,
+                 nodes: Sequence[str] | None = None) -> dict[str, str]:
+    """``{node: why}`` for the job's nodes (``nodes``: these of them) root found faulty
+    during this attempt: a node watcher's fault in root's record here, a node drained
+    with a jobwrap reason, a node Slurm lost. Root's and Slurm's facts only; outside a
+    job, or when Slurm cannot be asked, nothing (the next attempt's own watchers still
+    follow it)."""
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
         return {}
@@ -163,13 +273,14 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None
     from wrapper.watch.remote import faults_elsewhere, node_records
 
     try:
-        nodes = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))
+        if nodes is None:
+            nodes = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))
         if backend is None:
             from wrapper import slurm
 
             backend = slurm.backend(cfg.slurm)
         events = for_job(cfg, job_id).events(root_only=True)
-        found = faults_elsewhere(backend, nodes, "", attempt, events)
+        found = faults_elsewhere(backend, list(nodes), "", attempt, events)
         for node, info in node_records(backend, [n for n in nodes if n not in found], ""):
             if node_lost(info):
                 found[node] = f"Slurm lost it ({info.get('State', '')})"
@@ -179,20 +290,44 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None
     return found
 
 
-def _record_start(cfg: Config, command: Sequence[str], attempt: int) -> None:
+def _record_start(cfg: Config, command: Sequence[str], attempt: int, spares: int) -> None:
     """Note in the job's (the user's) event file that the command runs under ``jobwrap
     run``; outside a Slurm job, or without the job's state folder, nothing."""
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
         return
+    from wrapper.job import events as ev
+
+    _record(cfg, job_id, ev.RunStarted(attempt=attempt,
+                                       node=os.environ.get("SLURMD_NODENAME", ""),
+                                       command=" ".join(command)[:400],
+                                       spare_nodes=spares))
+
+
+def _working_before(cfg: Config) -> int | None:
+    """The working node count an earlier attempt of this job recorded when it used a
+    spare (the user's own file: a lie only misplaces the user's own steps)."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return None
     from wrapper.errors import JobwrapError
     from wrapper.job import events as ev
     from wrapper.job.store import JobStore
 
     try:
-        JobStore.of(cfg, job_id).record(ev.RunStarted(
-            attempt=attempt, node=os.environ.get("SLURMD_NODENAME", ""),
-            command=" ".join(command)[:400]))
+        used = [e for e in JobStore.of(cfg, job_id).events() if isinstance(e, ev.SpareUsed)]
+    except (JobwrapError, OSError):
+        return None
+    return used[-1].working if used and used[-1].working > 0 else None
+
+
+def _record(cfg: Config, job_id: str, event: Event) -> None:
+    """Append to the job's (the user's) event file; without its state folder, nothing."""
+    from wrapper.errors import JobwrapError
+    from wrapper.job.store import JobStore
+
+    try:
+        JobStore.of(cfg, job_id).record(event)
     except (JobwrapError, OSError) as exc:
         log.get().debug("run.not_recorded", error=str(exc))
 

@@ -31,7 +31,7 @@ class Runner:
         self.env = dict(env) if env is not None else None
 
     def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None,
-            check: bool = True) -> Result:
+            check: bool = True, cwd: str | None = None) -> Result:
         args = [str(a) for a in argv]
         try:
             proc = subprocess.Popen(
@@ -40,7 +40,7 @@ class Runner:
                 # Output is not ours to trust (a job's script, a user's --comment): a
                 # byte that is not UTF-8 becomes a lone surrogate, never an exception.
                 encoding="utf-8", errors="surrogateescape",
-                env=self.env, start_new_session=True,
+                env=self.env, start_new_session=True, cwd=cwd,
             )
         except FileNotFoundError:
             raise CommandError(args, "was not found (is it installed and on PATH, "

@@ -112,7 +112,8 @@ def test_no_restart_in_place_on_a_faulty_node(tmp_path: Path, monkeypatch: pytes
     import wrapper.runloop as runloop
 
     said: list[str] = []
-    monkeypatch.setattr(runloop, "faulty_nodes", lambda cfg, attempt: {"n2": "jobwrap: xid"})
+    monkeypatch.setattr(runloop, "faulty_nodes",
+                        lambda cfg, attempt, nodes=None: {"n2": "jobwrap: xid"})
     marker = tmp_path / "runs"
     code = run(["sh", "-c", f"echo run >> {marker}; kill -9 $$"],
                parse_args(["--max-restarts=3"]), Config(), say=said.append)
@@ -145,3 +146,165 @@ def test_run_takes_the_jobs_directives_where_its_command_line_is_silent(
     monkeypatch.setenv("SLURM_JOB_ID", "999")  # no record of that job: its own options
     assert with_directives(parse_args(["--max-restarts=2"]), cfg) == \
         parse_args(["--max-restarts=2"])
+
+
+def _spare_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: str = "n[1-3]"
+               ) -> tuple[Config, JobState]:
+    cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(os.getuid(), os.getgid())
+    for name, value in {"SLURM_JOB_ID": JOB, "SLURM_JOB_NODELIST": nodes,
+                        "SLURM_JOB_NUM_NODES": "3", "SLURM_NTASKS": "6",
+                        "SLURM_NTASKS_PER_NODE": "2", "SLURMD_NODENAME": "n1"}.items():
+        monkeypatch.setenv(name, value)
+    return cfg, state
+
+
+def test_spares_keep_the_commands_steps_on_the_working_nodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from wrapper.runloop import Spares
+
+    _spare_job(tmp_path, monkeypatch)
+    spares = Spares.of(parse_args(["--spare-nodes=1"]), os.environ)
+    assert spares is not None and (spares.working, spares.nodes, spares.left) == \
+        (2, ["n1", "n2", "n3"], 1)
+    env = spares.environ(os.environ)
+    assert (env["SLURM_JOB_NUM_NODES"], env["SLURM_NNODES"], env["SLURM_NTASKS"]) == \
+        ("2", "2", "4")  # srun's defaults: 2 nodes, 2 tasks on each
+    assert Spares.of(parse_args([]), os.environ) is None  # none asked
+    assert Spares.of(parse_args(["--spare-nodes=3"]), os.environ) is None  # no working node
+
+
+def test_a_faulty_node_is_given_back_and_a_spare_takes_its_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from wrapper.runloop import Spares
+    from wrapper.slurm.fake import FakeSlurm
+
+    cfg, state = _spare_job(tmp_path, monkeypatch, "n[1-4]")
+    healthy = {"State": "MIXED", "Reason": ""}
+    slurm = FakeSlurm(nodes={n: dict(healthy) for n in ("n1", "n2", "n3", "n4")},
+                      jobs={JOB: {"NodeList": "n[1-4]", "JobState": "RUNNING"}})
+    spares = Spares.of(parse_args(["--spare-nodes=2"]), os.environ)
+    assert spares is not None
+    said: list[str] = []
+    assert not spares.replace_faulty(cfg, 0, said.append, slurm)  # nothing faulty: no move
+    assert ("shrink_job", JOB, "n1", "n2", "n4") not in slurm.calls
+    JobStore(state).record(ev.WatchFault(node="n2", attempt=0, reason="xid 79 on gpu0"))
+    assert spares.replace_faulty(cfg, 0, said.append, slurm)
+    assert slurm.calls[-1] == ("shrink_job", JOB, "n1", "n3", "n4")
+    assert (spares.nodes, spares.left) == (["n1", "n3", "n4"], 1)
+    assert "spare n3 took its place; 1 spare left" in said[-1]
+    [used] = [e for e in JobStore(state).events() if isinstance(e, ev.SpareUsed)]
+    assert (used.failed, used.replaced_by, used.spares_left) == (["n2"], ["n3"], 1)
+    # a lost node and a drained one at once: one spare left, two needed -> no move
+    slurm.nodes["n1"] = {"State": "DOWN*", "Reason": "Not responding"}
+    slurm.nodes["n3"] = {"State": "MIXED+DRAIN", "Reason": "jobwrap: row_remap gpu0"}
+    assert not spares.replace_faulty(cfg, 0, said.append, slurm)
+    assert "no spare node left for n1: Slurm lost it" in said[-1]
+    assert spares.nodes == ["n1", "n3", "n4"]
+    # a node Slurm lost under --no-kill has left the allocation: nothing to give back
+    slurm.nodes["n3"] = dict(healthy)
+    slurm.jobs[JOB]["NodeList"] = "n[3-4]"
+    calls = len(slurm.calls)
+    assert spares.replace_faulty(cfg, 0, said.append, slurm)
+    assert not [c for c in slurm.calls[calls:] if c[0] == "shrink_job"]
+    assert (spares.nodes, spares.left) == (["n3", "n4"], 0)
+
+
+def test_run_moves_onto_a_spare_without_spending_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    import wrapper.runloop as runloop
+
+    _spare_job(tmp_path, monkeypatch)
+    moves: list[int] = []
+
+    def replace_faulty(self: runloop.Spares, cfg: Config, attempt: int, say: object) -> bool:
+        moves.append(attempt)
+        self.nodes = ["n1", "n3"]
+        return len(moves) == 1  # the first failure was a node's; the second the job's
+
+    monkeypatch.setattr(runloop.Spares, "replace_faulty", replace_faulty)
+    monkeypatch.setattr(runloop, "faulty_nodes", lambda cfg, attempt, nodes=None: {})
+    marker = tmp_path / "runs"
+    said: list[str] = []
+    code = run(["sh", "-c", f"echo $SLURM_JOB_NUM_NODES:$SLURM_JOB_NODELIST >> {marker}; "
+                "exit 3"], parse_args(["--spare-nodes=1", "--max-restarts=1"]), Config(),
+               say=said.append)
+    assert code == 3
+    # the node's failure moved the work (no restart spent); the job's own error then
+    # had its one restart, and the same error a third time stopped it
+    assert marker.read_text().splitlines() == ["2:n1,n2,n3", "2:n1,n3", "2:n1,n3"]
+    assert moves == [0, 0, 0]
+
+
+def test_a_node_given_back_by_a_running_job_makes_no_decision(tmp_path: Path) -> None:
+    from wrapper.hooks.epilog import _released
+    from wrapper.jobrecord import JobRecord
+    from wrapper.slurm.context import JobContext
+    from wrapper.slurm.fake import FakeSlurm
+
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(os.getuid(), os.getgid())
+    store = JobStore(state)
+
+    def record(*nodes: str) -> JobRecord:
+        return JobRecord(job_id=JOB, user="u", uid=1, gid=1, nodes=list(nodes), gpus=[],
+                         work_dir="/w")
+
+    def alone(node: str) -> JobContext:  # what the epilog's own environment says
+        return JobContext(hook="epilog", job_id=JOB, node=node, user="u", uid=1, gid=1,
+                          nodes=[node])
+
+    slurm = FakeSlurm(jobs={JOB: {"JobState": "COMPLETING"}})
+    three = record("n1", "n2", "n3")
+    assert alone("n2").first_node
+    # no prolog of this attempt here: root's record may be an older attempt's
+    assert not _released(alone("n2"), three, store, slurm)
+    for node in ("n1", "n2"):
+        store.record(ev.PrologContext(node=node, hook="prolog", attempt=0, context={}))
+    assert _released(alone("n2"), three, store, slurm)  # given back, or lost and back
+    # the first node: its end, unless the job still runs
+    assert not _released(alone("n1"), three, store, slurm)
+    slurm.jobs[JOB]["JobState"] = "RUNNING"
+    assert _released(alone("n1"), three, store, slurm)
+    # the job's end (every node named), and a one-node job: the usual decision
+    assert not _released(JobContext(hook="epilog", job_id=JOB, node="n1", user="u", uid=1,
+                                    gid=1, nodes=["n1", "n2", "n3"]), three, store, slurm)
+    assert not _released(alone("n2"), record("n2"), store, slurm)
+
+
+def test_a_requeued_job_whose_spares_were_spent_works_on_what_it_has(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from wrapper.runloop import Spares, _working_before
+
+    cfg, state = _spare_job(tmp_path, monkeypatch, "n[1-2]")
+    assert _working_before(cfg) is None
+    JobStore(state).record(ev.SpareUsed(attempt=0, node="n1", failed=["n2"],
+                                        replaced_by=["n3"], working=2))
+    assert _working_before(cfg) == 2
+    # given back one node, the job came back with 2: both work, no spare left
+    assert Spares.of(parse_args(["--spare-nodes=1"]), os.environ, working=2) is None
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-3]")
+    spares = Spares.of(parse_args(["--spare-nodes=1"]), os.environ, working=2)
+    assert spares is not None and spares.left == 1
+
+
+def test_a_watcher_ends_only_the_steps_of_a_job_whose_spare_can_take_over(
+        tmp_path: Path) -> None:
+    from wrapper import jobrecord
+    from wrapper.watch.process import spare_may_take
+
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(os.getuid(), os.getgid())
+    record = jobrecord.JobRecord(job_id=JOB, user="u", uid=1, gid=1, nodes=["n1", "n2", "n3"],
+                                 gpus=[], work_dir="/w", options={"spare_nodes": 1})
+    state.write_json(jobrecord.RECORD, record.as_dict())
+    assert not spare_may_take(state, "n2", 0)  # not under jobwrap run: nothing relaunches
+    JobStore(state).record(ev.RunStarted(attempt=0, node="n1", command="srun x"))
+    assert spare_may_take(state, "n2", 0)
+    assert not spare_may_take(state, "n1", 0)  # the batch script's node: the whole job
+    assert not spare_may_take(state, "n2", 1)  # jobwrap run of another attempt
+    # root's record decides whether the job holds spares, not the job's own claims
+    state.write_json(jobrecord.RECORD, {**record.as_dict(), "options": {}})
+    JobStore(state).record(ev.SpareUsed(attempt=0, node="n1", working=2))
+    assert not spare_may_take(state, "n2", 0)

@@ -60,6 +60,8 @@ class AttemptSummary:
     decision: str | None = None  # requeue | stop | done
     reason: str | None = None
     excluded: list[str] = field(default_factory=list)
+    spares_held: int = 0  # nodes held in reserve under jobwrap run (its run.started)
+    spares_used: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -196,6 +198,13 @@ def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
         summary.latest_checkpoint, summary.latest_step = path, step
     elif name == ev.ResumeChosen.KIND and not event.get("passed_over"):
         pass  # an ordinary resume: the banner in the job's output says it
+    elif name == ev.RunStarted.KIND:
+        summary.spares_held = max(summary.spares_held, _int(event.get("spare_nodes")) or 0)
+    elif name == ev.SpareUsed.KIND:
+        summary.spares_used += len(event.get("failed") or [])
+        summary.incidents.append(
+            f"moved onto spare {','.join(str(n) for n in event.get('replaced_by') or [])}: "
+            f"{event.get('reason', '')}; {event.get('spares_left', '?')} spare left")
     elif name in _INCIDENTS and (by_root or name not in _ROOT_ONLY):
         summary.incidents.append(_incident(name, event))
     if summary.started_at is None and ts is not None and by_root:
@@ -250,6 +259,11 @@ def render(job_id: str, attempts: list[AttemptSummary], *, now: float | None = N
             lines.append(f"  checkpoints  {a.checkpoints} (latest step {step})")
         for incident in a.incidents:
             lines.append(f"  incident     {incident}")
+        if a.spares_held:
+            end = a.ended_at if a.status == ENDED and a.ended_at else now
+            hours = a.spares_held * max(0.0, end - (a.started_at or end)) / 3600
+            lines.append(f"  spares       {a.spares_held} held ({hours:.2f} node-h in reserve); "
+                         f"used {a.spares_used}, each a requeue avoided")
         if a.outcome:
             exit_text = "" if a.exit_code is None else f"; exit {a.exit_code}" + (
                 f", signal {a.exit_signal}" if a.exit_signal else "")

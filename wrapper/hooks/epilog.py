@@ -81,7 +81,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     except JobwrapError:
         record = jobrecord.gather(ctx, backend)
     info: dict[str, str] = {}
-    if ctx.first_node:
+    if ctx.first_node and not _released(ctx, record, store, backend):
         _decision, info = decide_attempt(ctx, cfg, state, record, backend,
                                          gpu_check_failed=gpu_check_failed,
                                          gpu_checked=gpu_checked, services=services)
@@ -107,6 +107,29 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     _prune_user_files(cfg)
     logger.info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
     return EXIT_OK
+
+
+def _released(ctx: JobContext, record: jobrecord.JobRecord, store: JobStore,
+              backend: SlurmBackend) -> bool:
+    """Whether this epilog is for a node the job gave back or lost (``jobwrap run`` moving
+    the work onto a spare: ``scontrol update JobId= NodeList=``; a node Slurm excised
+    under ``--no-kill`` that comes back), not the job's end on its first node: Slurm names
+    this node alone while root's record of this attempt (this node's prolog ran for it)
+    has more, and the node was not the attempt's first, or the job still runs. Then the
+    node's own work is done (its check, its scratch) and no decision is made here."""
+    if ctx.nodes != [ctx.node] or len(record.nodes) < 2 or ctx.node not in record.nodes \
+            or not store.prolog_ran(ctx.node, ctx.attempt):
+        return False
+    if record.first_node != ctx.node:
+        log.get().info("epilog.node_released", nodes=",".join(record.nodes))
+        return True
+    try:
+        running = backend.job_state(ctx.job_id).split()[0] in ("RUNNING", "SUSPENDED")
+    except (JobwrapError, IndexError):
+        return False
+    if running:
+        log.get().info("epilog.node_released", nodes=",".join(record.nodes))
+    return running
 
 
 def _unchecked_here(ctx: JobContext, cfg: Config, store: JobStore,

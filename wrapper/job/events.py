@@ -442,6 +442,20 @@ class RunStarted(Event):
     The user's word, read only to tell a job that did not use it what it would gain."""
 
     command: str = ""
+    spare_nodes: int = 0  # the nodes it holds in reserve (--spare-nodes), 0: none
+
+
+@kind("run.spare_used", writer="user")
+@dataclass(frozen=True)
+class SpareUsed(Event):
+    """``jobwrap run`` gave a faulty node back and restarted the work with a spare in its
+    place, inside the allocation. The user's word; root decides nothing from it."""
+
+    failed: list[str] = field(default_factory=list)
+    reason: str = ""
+    replaced_by: list[str] = field(default_factory=list)
+    spares_left: int = 0
+    working: int = 0  # the nodes the work runs on (a later attempt's count, too)
 
 
 @kind("supervisor.start", writer="user")

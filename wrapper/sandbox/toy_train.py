@@ -6,7 +6,9 @@ JOBWRAP_RESUME_FROM. An uninterrupted run of N steps ends with sum N*(N+1)/2: an
 or repeated step shows in the final line. CRASH_AT=K with CRASH_HOW makes the first
 attempt fail at step K: exit, kill (SIGKILL), hang (SIGSTOP), truncate (cut the newest
 checkpoint, then exit), always (exit at the first step of every attempt), poison (write
-a checkpoint that loads but crashes the resume, then exit).
+a checkpoint that loads but crashes the resume, then exit). TOY_PEER_DIR makes it one
+rank of a job in lockstep, as a collective would: each step after its first waits until
+the peer (the other rank, writing there) has saved the step before.
 """
 
 import json
@@ -34,7 +36,11 @@ def main() -> None:
             raise ValueError(f"poisoned checkpoint {resume}")
         start, total = saved["step"], saved["sum"]
     print(f"attempt={attempt} resume={resume} start={start}", flush=True)
+    peer = os.environ.get("TOY_PEER_DIR")
     for step in range(start + 1, steps + 1):
+        while peer and step > start + 1 and not os.path.exists(
+                os.path.join(peer, f"epoch=0-step={step - 1}.ckpt")):
+            time.sleep(0.05)  # the peer is behind (or gone): wait, as a collective does
         total += step
         final = os.path.join(ckdir, f"epoch=0-step={step}.ckpt")
         tmp = os.path.join(ckdir, f".step={step}.ckpt.tmp")

@@ -140,6 +140,19 @@ class CliBackend:
         except CommandError as exc:
             raise SlurmError(str(exc)) from None
 
+    def kill_steps(self, job_id: str) -> list[str]:
+        """SIGKILL the job's steps, not its batch script (``scancel --signal=KILL JOB``
+        would end the whole job); returns the steps signalled."""
+        steps = [s for s in self.job_steps(job_id)
+                 if s.partition(".")[0] == _job_id(job_id) and s.partition(".")[2].isdigit()]
+        if steps:
+            try:
+                self.runner.run([self.config.scancel_command, "--signal=KILL", *steps],
+                                timeout=self.config.command_timeout)
+            except CommandError as exc:
+                raise SlurmError(str(exc)) from None
+        return steps
+
     def release_now(self, job_id: str, exclude: list[str] | None = None) -> None:
         """Make a pending (requeued) job eligible at once, away from ``exclude``."""
         job = _job_id(job_id)
@@ -162,6 +175,24 @@ class CliBackend:
         self._scontrol("requeuehold" if hold else "requeue", job)
         if eligible_now and not hold:
             self._scontrol("update", f"JobId={job}", "StartTime=now")
+
+    def shrink_job(self, job_id: str, keep: list[str]) -> None:
+        """Give a running job's other nodes back: its allocation becomes ``keep``.
+
+        scontrol writes ``slurm_job_N_resize.{sh,csh}`` into its working folder; it runs
+        in a folder of its own, removed after, so nothing lands in the job's."""
+        import shutil
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="jobwrap-shrink-")
+        try:
+            self.runner.run([self.config.scontrol_command, "update", f"JobId={_job_id(job_id)}",
+                             f"NodeList={','.join(_node(n) for n in keep)}"],
+                            timeout=self.config.command_timeout, cwd=folder)
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def exclude_nodes(self, job_id: str, nodes: list[str]) -> list[str]:
         """Add nodes to a pending job's excluded nodes; returns the whole excluded list."""

@@ -56,6 +56,11 @@ class FakeSlurm:
         if self.refuse_requeue:
             raise SlurmError(self.refuse_requeue)
 
+    def shrink_job(self, job_id: str, keep: list[str]) -> None:
+        self.calls.append(("shrink_job", job_id, *keep))
+        if job_id in self.jobs:
+            self.jobs[job_id]["NodeList"] = ",".join(keep)
+
     def exclude_nodes(self, job_id: str, nodes: list[str]) -> list[str]:
         self.calls.append(("exclude_nodes", job_id, *nodes))
         return list(nodes)
@@ -68,6 +73,10 @@ class FakeSlurm:
 
     def signal_job(self, job_id: str, signal: str, *, full: bool = False) -> None:
         self.calls.append(("signal_job", job_id, signal))
+
+    def kill_steps(self, job_id: str) -> list[str]:
+        self.calls.append(("kill_steps", job_id))
+        return []
 
     def release_now(self, job_id: str, exclude: list[str] | None = None) -> None:
         self.calls.append(("release_now", job_id, *(exclude or [])))

@@ -97,6 +97,23 @@ def read_faults(cfg: Config, node: str, gpus: Sequence[int],
     return out
 
 
+def spare_may_take(state: JobState, node: str, attempt: int) -> bool:
+    """Whether a fault here ends only the job's steps, not its batch script: the job
+    holds spare nodes (root's record of its options), this is not the node its batch
+    script runs on, and its command runs under ``jobwrap run`` this attempt (the user's
+    word: a job that lies keeps its own allocation on a node that is drained anyway)."""
+    from wrapper import jobrecord
+
+    try:
+        record = jobrecord.load(state)
+    except (JobwrapError, OSError):
+        return False
+    if not record.job_options.spare_nodes or node == record.first_node:
+        return False
+    return any(e.get("event") == ev.RunStarted.KIND and e.get("attempt") == attempt
+               for e in state.events())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
@@ -172,8 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             backend.drain_node(args.node, reason)
         except JobwrapError as exc:
             log.get().error("watch.drain_failed", error=str(exc))
-        try:
-            backend.signal_job(args.job_id, "KILL", full=True)
+        steps_only = spare_may_take(state, args.node, args.attempt)
+        try:  # the job's steps only, where jobwrap run restarts the work on a spare
+            if steps_only:
+                backend.kill_steps(args.job_id)
+            else:
+                backend.signal_job(args.job_id, "KILL", full=True)
             state.append(ev.WatchEndedJob.KIND, attempt=args.attempt, node=args.node,
                          reason=reason)
         except JobwrapError as exc:
