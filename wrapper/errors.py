@@ -60,3 +60,32 @@ class NotUnderSlurm(JobwrapError):
 
 class StateError(JobwrapError):
     """The per-job state cannot be written safely (wrong owner, a symlink, a bad job id)."""
+
+
+class FormatTooNew(JobwrapError):
+    """A file a newer jobwrap wrote, in a format this one cannot read (an upgrade not yet
+    on every node, or a downgrade). Not a node fault, whatever ``[hooks]
+    on_internal_error`` says: a hook that meets it logs this one line and lets Slurm go on;
+    nothing is drained (docs/upgrades.md)."""
+
+    def __init__(self, path: object, what: str, version: object, known: int) -> None:
+        from wrapper import __version__
+
+        self.path, self.what, self.version, self.known = str(path), what, version, known
+        newer = "written by a newer jobwrap" if isinstance(version, int) and version > known \
+            else "which no jobwrap writes"
+        super().__init__(
+            f"{path} is in {what} format {version}, {newer}; this jobwrap "
+            f"({__version__}) reads {what} formats 1 to {known}. Finish the upgrade: install "
+            "the same jobwrap on every node (a downgrade cannot read what the newer one wrote)")
+
+
+def format_of(data: object, key: str, *, known: int, path: object, what: str) -> int:
+    """The format version of a record ``data`` (a JSON object) keeps under ``key``: absent,
+    1 (every file written before formats were numbered); above ``known``, or not a whole
+    number, FormatTooNew. The one rule every versioned jobwrap file is read by."""
+    version = data.get(key, 1) if isinstance(data, dict) else 1
+    if isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= known:
+        return version
+    raise FormatTooNew(path, what, version if isinstance(version, int)
+                       and not isinstance(version, bool) else repr(version), known)

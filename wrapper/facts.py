@@ -105,16 +105,23 @@ def supervisor_facts(state: JobState, attempt: int) -> tuple[str, ...]:
         data = os.read(fd, MAX_READ)
     finally:
         os.close(fd)
-    return tuple(str(r["event"]) for r in _records(data.splitlines())
+    return tuple(str(r["event"]) for r in _records(data.splitlines(), path)
                  if r.get("attempt") == attempt and r.get("event") in FACT_EVENTS)
 
 
-def _records(lines: Iterable[bytes]) -> Iterable[dict[str, Any]]:
+def _records(lines: Iterable[bytes], path: object) -> Iterable[dict[str, Any]]:
+    """The lines as records; one of a newer format than root's events raises FormatTooNew
+    (the channel is root's: nothing the user wrote, so nothing to skip)."""
+    from wrapper.errors import format_of
     from wrapper.osl import jsontext
+    from wrapper.state import EVENTS_FORMAT, FORMAT_KEY
 
     for raw in lines:
         record = jsontext.loads_object(raw)
         if record is not None:
+            if FORMAT_KEY in record:
+                format_of(record, FORMAT_KEY, known=EVENTS_FORMAT, path=path,
+                          what="event line")
             yield record
 
 

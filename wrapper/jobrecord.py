@@ -2,7 +2,8 @@
 
 ``job.json`` in the per-job state: the job's user, nodes, GPUs, output files, limits and
 its ``#JOBWRAP`` options. The supervisor, the task-prolog and the epilog read it instead
-of asking Slurm again.
+of asking Slurm again. Its ``format`` (``RECORD_FORMAT``; absent: 1) is the rule of
+docs/upgrades.md: fields are only ever added within a format, and a newer one is refused.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from dataclasses import asdict, field
 from typing import Any
 
 from wrapper.directives import JobOptions, parse_script
-from wrapper.errors import JobwrapError, UserInputError
+from wrapper.errors import JobwrapError, UserInputError, format_of
 from wrapper.job.paths import RECORD as RECORD
 from wrapper.lean import dataclass
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
 
+RECORD_FORMAT = 1  # job.json's "format" (docs/upgrades.md)
 _SIGNAL_DIRECTIVE = re.compile(r"^#SBATCH\b.*--signal[= ]", re.M)
 
 
@@ -58,6 +60,10 @@ class JobRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def stored(self) -> dict[str, Any]:
+        """What job.json holds: the record and its format."""
+        return {"format": RECORD_FORMAT, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobRecord:
@@ -129,10 +135,13 @@ def _build(ctx: JobContext, info: dict[str, str], script: str) -> JobRecord:
 
 
 def load(state: JobState) -> JobRecord:
+    """The job's record; JobwrapError when the prolog wrote none, FormatTooNew when a newer
+    jobwrap did."""
     data = state.read_json(RECORD)
     if data is None:
         raise JobwrapError(f"{state.path / RECORD} is missing or unreadable (the prolog "
                            "writes it; did it run?)")
+    format_of(data, "format", known=RECORD_FORMAT, path=state.path / RECORD, what="job record")
     return JobRecord.from_dict(data)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wrapper.errors import StateError
+from wrapper.errors import FormatTooNew, StateError, format_of
 from wrapper.job.paths import EVENTS, JOB_ID, JobPaths
 from wrapper.job.paths import USER_EVENTS as USER_EVENTS
 from wrapper.lean import dataclass
@@ -48,6 +48,12 @@ USER_EVENTS_MAX = 1 << 20  # the default of [hooks] user_events_max
 ROOT_EVENTS_MAX = 64 << 20  # root's own file: bounded too, never read whole past this
 USER_LINE_MAX = 256 << 10  # one line of the user's file: a longer one is dropped unread
 DIR_MODE, FILE_MODE = 0o711, 0o600
+# The format of one event line, in its "v" field (docs/upgrades.md). Absent: 1, and 1 is
+# written without it. Kinds and fields are only ever added within a format (a reader
+# skips a kind it does not know, and a field it does not know); a line a reader of the
+# previous format would misread takes the next number.
+EVENTS_FORMAT = 1
+FORMAT_KEY = "v"
 _JOB_ID = JOB_ID
 _warned_full: set[str] = set()
 
@@ -236,7 +242,9 @@ class JobState:
         or supervisor's per-tick look costs nothing of what the user wrote).
 
         User events carry ``"source": "user"``: they say what the job's user could write.
-        Of the user's file only the last ``user_events_max`` bytes are read.
+        Of the user's file only the last ``user_events_max`` bytes are read. A line of a
+        newer format (``EVENTS_FORMAT``) in root's file raises FormatTooNew; in the user's
+        it is skipped.
         """
         out: list[dict[str, Any]] = []
         files = [(ROOT_EVENTS, "root", ROOT_EVENTS_MAX, jsontext.MAX_LINE)]
@@ -244,6 +252,8 @@ class JobState:
             files.append((USER_EVENTS, "user", self.user_events_max, USER_LINE_MAX))
         for name, source, bound, line_max in files:
             for record in _read_lines(self.path / name, bound, line_max):
+                if FORMAT_KEY in record and not _readable(record, self.path / name, source):
+                    continue
                 record["source"] = source
                 out.append(record)
         out.sort(key=lambda r: _ts(r.get("ts")))
@@ -324,7 +334,7 @@ def _read_lines(path: Path, bound: int, line_max: int = jsontext.MAX_LINE
 FIELD_MAX = 8192  # characters of one string in an event (a path, a reason, a label)
 ITEMS_MAX = 1024  # items of one list or object in an event
 LINE_MAX = 256 << 10  # bytes of one event line, all fields together
-_CORE = ("ts", "event", "attempt", "node", "hook", "kind", "decision", "pid")
+_CORE = ("v", "ts", "event", "attempt", "node", "hook", "kind", "decision", "pid")
 
 
 def _line(record: dict[str, Any]) -> bytes:
@@ -358,6 +368,19 @@ def _bounded(value: Any, field_max: int, items_max: int, depth: int) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 990:
         return "(a number too large to record)"
     return value
+
+
+def _readable(record: dict[str, Any], path: Path, source: str) -> bool:
+    """A line of a format this jobwrap reads. A newer one in root's file raises
+    FormatTooNew (its facts cannot be skipped: the decisions read them); in the user's, it
+    is skipped like any line no reader can take (the user could write any number there)."""
+    try:
+        format_of(record, FORMAT_KEY, known=EVENTS_FORMAT, path=path, what="event line")
+    except FormatTooNew:
+        if source == "root":
+            raise
+        return False
+    return True
 
 
 def _ts(value: object) -> float:

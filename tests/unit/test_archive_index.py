@@ -122,17 +122,40 @@ def test_a_damaged_index_is_rebuilt_with_one_line_and_no_traceback(tmp_path: Pat
     assert code == 0 and err == "" and "alice" in out
 
 
-def test_an_index_of_another_schema_is_rebuilt(tmp_path: Path) -> None:
+def test_an_index_of_an_older_schema_is_rebuilt(tmp_path: Path) -> None:
     root = tmp_path / "archive"
     write_job(root, "alice", "1")
     SqliteIndex(str(root)).rebuild()
     con = sqlite3.connect(root / ".index" / "archive.sqlite")
-    con.execute("PRAGMA user_version = 99")
+    con.execute(f"PRAGMA user_version = {index_mod.SCHEMA - 1}")
     con.close()
     said: list[str] = []
     index = index_mod.reading(_cfg(tmp_path), said.append)
     assert index is not None and [i.job_id for i in index.jobs()] == ["1"]
-    assert len(said) == 1 and "schema 99" in said[0]
+    assert len(said) == 1 and f"schema {index_mod.SCHEMA - 1}" in said[0]
+
+
+def test_a_newer_jobwraps_index_is_left_as_it_is_and_the_manifests_are_read(
+        tmp_path: Path) -> None:
+    """A downgrade (or an upgrade not finished on the admin node): the newer index is not
+    this jobwrap's to rebuild; the commands say so in one line and read the manifests."""
+    root = tmp_path / "archive"
+    write_job(root, "alice", "1")
+    SqliteIndex(str(root)).rebuild()
+    database = root / ".index" / "archive.sqlite"
+    con = sqlite3.connect(database)
+    con.execute(f"PRAGMA user_version = {index_mod.SCHEMA + 1}")
+    con.close()
+    said: list[str] = []
+    assert index_mod.reading(_cfg(tmp_path), said.append) is None
+    [line] = said
+    assert f"{database} is in archive index format {index_mod.SCHEMA + 1}" in line
+    assert "install the same jobwrap on every node" in line and "manifests instead" in line
+    con = sqlite3.connect(database)  # untouched: still the newer jobwrap's
+    assert con.execute("PRAGMA user_version").fetchone()[0] == index_mod.SCHEMA + 1
+    con.close()
+    code, out, err = jobwrap(config_file(tmp_path), "archive", "list")
+    assert code == 0 and "alice" in out and "Traceback" not in err
 
 
 def test_a_manifest_that_does_not_parse_is_named_listed_and_left_out_of_reports(

@@ -26,7 +26,7 @@ from wrapper import config as config_mod
 from wrapper.archive import status as status_mod
 from wrapper.archive import store
 from wrapper.config import Config
-from wrapper.errors import JobwrapError, UserInputError
+from wrapper.errors import FormatTooNew, JobwrapError, UserInputError
 from wrapper.state import JobState
 
 if TYPE_CHECKING:
@@ -151,6 +151,8 @@ def status(job_id: str, as_json: bool) -> None:
         index = open_index(cfg)
         try:
             manifest = _archived_manifest(cfg.paths.archive_root, job_id, index)
+        except FormatTooNew:
+            raise  # there is a record: a newer jobwrap's, and the message says so
         except JobwrapError:
             raise UserInputError(f"no record of job {job_id}: nothing in this node's state "
                                  f"({cfg.paths.state_dir}) nor in the archive "

@@ -17,6 +17,11 @@ Who writes what, and when:
   so folding twice, or in any order, gives the same index. A rebuild writes a new
   database beside the old one and renames it into place: a reader sees the old index or
   the new one, never half of one.
+- formats (docs/upgrades.md): a spool record's ``v`` and the database's ``user_version``
+  are ``SCHEMA``. A spool record an older jobwrap wrote (an epilog on a node not yet
+  upgraded) is read again from its job's manifest; one a newer jobwrap wrote stays in
+  the spool for that jobwrap's indexer. An older database is built again from the
+  manifests; a newer one raises FormatTooNew, and the commands read the manifests.
 - after each fold the indexer writes ``.index/summary.json`` (0644): the cluster's MTBF
   over the last 30 days, an aggregate with no user's row in it, which ``jobwrap status``
   of an ordinary user reads for its checkpoint advice.
@@ -55,7 +60,9 @@ from wrapper.archive._fs import (
     tree_size,
     write_json_atomic,
 )
+from wrapper.archive.manifest import MANIFEST
 from wrapper.archive.store import ArchiveInfo, info_of, scan
+from wrapper.errors import FormatTooNew
 from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
@@ -223,17 +230,26 @@ class SqliteIndex:
             self._con = None
 
     def check(self) -> None:
-        """Raises IndexFault when the index is missing, damaged or of another schema."""
+        """Raises IndexFault when the index is missing, damaged or of an older schema (it
+        is built again), FormatTooNew when a newer jobwrap made it."""
         import sqlite3
 
         try:
-            version = self._db().execute("PRAGMA user_version").fetchone()[0]
+            version = self._version()
             if version != SCHEMA:
                 raise IndexFault(f"the index {self.path} has schema {version}, not {SCHEMA}")
             self._db().execute("SELECT user, job_id FROM jobs LIMIT 1").fetchall()
         except sqlite3.DatabaseError as exc:
             self.close()
             raise IndexFault(f"the index {self.path} is damaged ({exc})") from None
+
+    def _version(self) -> int:
+        """The database's schema (``PRAGMA user_version``); FormatTooNew above ``SCHEMA``."""
+        version = int(self._db().execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA:
+            self.close()
+            raise FormatTooNew(self.path, "archive index", version, SCHEMA)
+        return version
 
     def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]:
         return list(self.stream(since=since, user=user))
@@ -325,10 +341,11 @@ class SqliteIndex:
         with self._writing() as (index_fd, spool_fd):
             con = self._db()
             try:
+                self._version()  # never relabel a newer jobwrap's index as this one's
                 con.executescript(_SCHEMA_SQL)  # what a newer jobwrap adds (IF NOT EXISTS)
             except sqlite3.DatabaseError as exc:
                 raise IndexFault(f"the index {self.path} cannot be written ({exc})") from None
-            taken = _fold(con, spool_fd)
+            taken = _fold(con, spool_fd, self.root)
             self._summarize(index_fd)
         return taken
 
@@ -348,7 +365,7 @@ class SqliteIndex:
                         self.root, info.user, info.job_id, manifest, info.size,
                         info.updated_at)))
                     jobs += 1
-                folded = _fold(con, spool_fd)
+                folded = _fold(con, spool_fd, self.root)
                 con.close()
                 os.rename(tmp, self.path)
             except BaseException:
@@ -379,15 +396,23 @@ class SqliteIndex:
                           _PASSABLE)
 
 
-def _fold(con: sqlite3.Connection, spool_fd: int) -> int:
+def _fold(con: sqlite3.Connection, spool_fd: int, root: str) -> int:
+    """The spool's records into ``con``, then out of the spool; returns how many."""
     import sqlite3
 
     names = sorted(e.name for e in entries(spool_fd)
                    if e.name.endswith(".json") and not e.name.startswith("."))
-    rows = []
+    rows: list[tuple[Any, ...]] = []
+    newer: dict[str, int] = {}
     for name in names:
         record = read_json(spool_fd, name)
-        if record is not None and record.get("v") == SCHEMA:
+        version = record.get("v", 1) if record is not None else None
+        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA:
+            newer[name] = version  # a newer jobwrap's indexer folds it: left where it is
+            continue
+        if record is not None and version != SCHEMA:  # an older jobwrap's epilog wrote it
+            record = _from_archive(root, record.get("user"), record.get("job_id"))
+        if record is not None:
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 rows.append(_row(record))
     try:
@@ -396,9 +421,42 @@ def _fold(con: sqlite3.Connection, spool_fd: int) -> int:
     except sqlite3.DatabaseError as exc:
         raise IndexFault(f"the index cannot take the spool ({exc})") from None
     for name in names:  # after the commit: a crash before this folds them again, harmlessly
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=spool_fd)
+        if name not in newer:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=spool_fd)
+    if newer:
+        from wrapper import log
+
+        first = min(newer)
+        log.get().warning("archive.index_spool_newer", records=len(newer), error=str(
+            FormatTooNew(f"spool record {first}", "index record", newer[first], SCHEMA)))
     return len(rows)
+
+
+def _from_archive(root: str, user: object, job_id: object) -> dict[str, Any] | None:
+    """A job's index record made again from its archive (an older spool record's job, in
+    this jobwrap's schema); None when its folder is gone or the names are not names."""
+    if not isinstance(user, str) or not isinstance(job_id, str) or "/" in user + job_id \
+            or user.startswith(".") or job_id.startswith("."):
+        return None
+    try:
+        root_fd = open_root(root, create=False)
+        try:
+            user_fd = open_dir(root_fd, user)
+            try:
+                job_fd = open_dir(user_fd, job_id)
+                try:
+                    manifest = read_json(job_fd, MANIFEST)
+                    size, mtime = tree_size(job_fd), os.fstat(job_fd).st_mtime
+                finally:
+                    os.close(job_fd)
+            finally:
+                os.close(user_fd)
+        finally:
+            os.close(root_fd)
+    except (OSError, ArchiveError):
+        return None
+    return record_of(root, user, job_id, manifest, size, mtime)
 
 
 def _args(since: float | None, user: str | None) -> tuple[Any, ...]:
@@ -464,6 +522,10 @@ def reading(cfg: Config, say: Callable[[str], None]) -> Index | None:
         except IndexFault as exc:
             why = str(exc)
             index.rebuild(lambda line: say(f"{why}: built it again from the manifests; {line}"))
+    except FormatTooNew as exc:  # a newer jobwrap's index: not this one's to rebuild
+        index.close()
+        say(f"{exc}; reading the manifests instead")
+        return None
     except (ArchiveError, OSError) as exc:  # a rebuild that cannot run: locked, no room ...
         index.close()
         said = exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)

@@ -58,10 +58,12 @@ from wrapper.archive._fs import (
     tree_size,
     write_json_atomic,
 )
-from wrapper.archive.manifest import MANIFEST
+from wrapper.archive.manifest import MANIFEST, SCHEMA_VERSION
+from wrapper.errors import format_of
 from wrapper.lean import dataclass
 
 PART = "part.json"
+PART_FORMAT = 1  # a part's "format" (docs/upgrades.md); absent: 1
 STALE_TEMP_S = 86400.0  # a temporary folder this old is an epilog that died
 MTIME_SLACK_S = 3600.0  # clocks of the nodes and the archive's file server may differ
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
@@ -162,8 +164,8 @@ class Writer:
 
     def write_part(self, attempt: int, part: dict[str, Any]) -> None:
         fd = self.part_dir(attempt)
-        write_json_atomic(fd, PART, {**part, "attempt": attempt, "node": self.node},
-                          self.access)
+        write_json_atomic(fd, PART, {"format": PART_FORMAT, **part, "attempt": attempt,
+                                     "node": self.node}, self.access)
 
     def commit(self, build_manifest: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> str:
         """Put this writer's parts in place and rewrite the manifest; returns the job's folder."""
@@ -178,7 +180,7 @@ class Writer:
 
         with locked(self.user_fd, f".{self.job_id}.lock", self.lock_timeout):
             if not exists(self.user_fd, self.job_id):
-                write_json_atomic(self.tmp_fd, MANIFEST, build(read_parts(self.tmp_fd)),
+                write_json_atomic(self.tmp_fd, MANIFEST, build(read_parts(self.tmp_fd, self.path)),
                                   self.access)
                 os.rename(self.tmp_name, self.job_id, src_dir_fd=self.user_fd,
                           dst_dir_fd=self.user_fd)
@@ -214,7 +216,7 @@ class Writer:
                                                                           self.node)}
         if replaced:
             # The manifest must not name a part while it is being swapped.
-            kept = [p for p in read_parts(job_fd) if not (p.get("attempt") in replaced
+            kept = [p for p in read_parts(job_fd, self.path) if not (p.get("attempt") in replaced
                                                           and p.get("node") == self.node)]
             write_json_atomic(job_fd, MANIFEST, build_manifest(kept), self.access)
         trash: list[str] = []
@@ -227,7 +229,8 @@ class Writer:
             os.rename(self.node, self.node, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
             os.fsync(dst_fd)
         os.fsync(job_fd)
-        write_json_atomic(job_fd, MANIFEST, build_manifest(read_parts(job_fd)), self.access)
+        write_json_atomic(job_fd, MANIFEST, build_manifest(read_parts(job_fd, self.path)),
+                          self.access)
         for name in trash:
             remove_tree(job_fd, name)
         if self.tmp_name is not None:
@@ -256,8 +259,9 @@ class Writer:
         self._fds.clear()
 
 
-def read_parts(job_fd: int) -> list[dict[str, Any]]:
-    """Every part's record below a job folder (or a temporary one)."""
+def read_parts(job_fd: int, where: str = "") -> list[dict[str, Any]]:
+    """Every part's record below a job folder (or a temporary one); FormatTooNew for a
+    part a newer jobwrap wrote (``where``: the folder, for its message)."""
     parts = []
     for attempt_entry in entries(job_fd):
         match = _ATTEMPT.match(attempt_entry.name)
@@ -275,6 +279,10 @@ def read_parts(job_fd: int) -> list[dict[str, Any]]:
                 finally:
                     os.close(node_fd)
                 if part is not None:
+                    format_of(part, "format", known=PART_FORMAT, what="archive part",
+                              path=os.path.join(where or "<job folder>", attempt_entry.name,
+                                                node_entry.name, PART))
+                    part.pop("format", None)
                     parts.append({**part, "attempt": int(match.group(1)),
                                   "node": node_entry.name})
         finally:
@@ -361,10 +369,11 @@ def scan(root: str, user: str | None = None, since: float | None = None, *,
 
 
 def load_manifest(root: str, job_id: str, user: str | None = None) -> dict[str, Any]:
-    """The manifest of a job's archive; ArchiveError when there is none the caller can read."""
+    """The manifest of a job's archive; ArchiveError when there is none the caller can read,
+    FormatTooNew when a newer jobwrap wrote it (its ``schema_version``)."""
     root_fd = open_root(root, create=False)
     try:
-        _, job_fd = _find(root_fd, check_job_id(job_id), user)
+        owner, job_fd = _find(root_fd, check_job_id(job_id), user)
         try:
             manifest = read_json(job_fd, MANIFEST)
         finally:
@@ -373,6 +382,8 @@ def load_manifest(root: str, job_id: str, user: str | None = None) -> dict[str, 
         os.close(root_fd)
     if manifest is None:
         raise ArchiveError(f"the archive of job {job_id} has no readable {MANIFEST}")
+    format_of(manifest, "schema_version", known=SCHEMA_VERSION, what="manifest",
+              path=os.path.join(root, owner, job_id, MANIFEST))
     return manifest
 
 

@@ -2,8 +2,10 @@
 
 The frame owns the invariants: a bad config or a bug in jobwrap is logged loudly and,
 by default, lets the job run (``[hooks] on_internal_error``); it never looks like a
-node fault. Exit codes: 0 healthy, 1 unhealthy node, 2 jobwrap broken (by hand only:
-inside Slurm a broken jobwrap exits 0, or drains with a precise reason if so configured).
+node fault. A file in a newer jobwrap's format (``FormatTooNew``, docs/upgrades.md) is
+logged in one line and never drains, whatever that setting says. Exit codes: 0 healthy,
+1 unhealthy node, 2 jobwrap broken (by hand only: inside Slurm a broken jobwrap exits 0,
+or drains with a precise reason if so configured).
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from typing import TYPE_CHECKING, TextIO
 from wrapper import config as config_mod
 from wrapper import log
 from wrapper.config import Config
-from wrapper.errors import EXIT_BROKEN, EXIT_OK, EXIT_UNHEALTHY, ConfigError, JobwrapError
+from wrapper.errors import (
+    EXIT_BROKEN,
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+    ConfigError,
+    FormatTooNew,
+    JobwrapError,
+)
 from wrapper.lean import dataclass
 from wrapper.slurm.context import JobContext, from_env
 
@@ -105,6 +114,12 @@ def run_hook(hook: str, *, config_path: str | None, env: Mapping[str, str] | Non
         ctx = from_env(hook, environ)
         log.bind(hook=hook, job_id=ctx.job_id, node=ctx.node, attempt=ctx.attempt)
         return _body(hook)(ctx, cfg, stdout, environ, services or Services(cfg))
+    except FormatTooNew as exc:
+        # A newer jobwrap's files (an upgrade not on every node yet, a downgrade): neither
+        # a node fault nor a bug here, so never a drain, whatever on_internal_error says.
+        # The hook stops where it met them; the one line says what to do.
+        logger.error("hook.format_too_new", hook=hook, error=str(exc), path=exc.path)
+        return EXIT_OK if under_slurm else EXIT_BROKEN
     except JobwrapError as exc:
         logger.error("hook.failed", hook=hook, error=str(exc), kind=type(exc).__name__)
         return _on_internal_error(hook, cfg, environ, str(exc), under_slurm)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 from wrapper import jobrecord, log
 from wrapper import state as state_mod
 from wrapper.config import Config
-from wrapper.errors import EXIT_OK, JobwrapError
+from wrapper.errors import EXIT_OK, FormatTooNew, JobwrapError
 from wrapper.job import events as ev
 from wrapper.job.store import JobStore
 from wrapper.restart.policy import Decision
@@ -78,6 +78,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         _unchecked_here(ctx, cfg, store, services)
     try:
         record = jobrecord.load(state)
+    except FormatTooNew:
+        raise  # a newer jobwrap's job: refused, never decided on half of what it wrote
     except JobwrapError:
         record = jobrecord.gather(ctx, backend)
     info: dict[str, str] = {}

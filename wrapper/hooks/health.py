@@ -5,6 +5,10 @@ reason (``jobwrap: <check> gpu<i>(<uuid>): <detail>``). A probe or config that d
 work is jobwrap's problem, not the node's: it is raised to the hook frame, which by
 default logs it and lets the job run. The node's configured gres is cached in the node
 state for ``GRES_TTL`` seconds so the prolog does not ask Slurm on every job.
+
+The node state's files (``<state_dir>/nodes/``) are caches of what Slurm or the binaries
+say: each has a ``format`` (``NODE_FORMAT``, docs/upgrades.md), and one a newer jobwrap
+wrote is a miss here, asked again and written over, never an error.
 """
 
 from __future__ import annotations
@@ -14,11 +18,11 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from wrapper import log
 from wrapper.config import Config
-from wrapper.errors import JobwrapError
+from wrapper.errors import FormatTooNew, JobwrapError, format_of
 from wrapper.job import events as ev
 from wrapper.job.store import JobStore
 from wrapper.slurm import SlurmBackend
@@ -32,6 +36,20 @@ if TYPE_CHECKING:
 GRES_TTL = 600.0
 VERSION_CHECKS = ("driver", "cuda", "nccl", "fabric_manager", "commands")
 SCONTROL_FACTS = "scontrol.json"  # in <state_dir>/nodes: what this node's scontrol can do
+NODE_FORMAT = 1  # the "format" of the files in <state_dir>/nodes
+
+
+def _cached(path: Path) -> dict[str, Any] | None:
+    """A node cache file's content; None when it is absent, unreadable or of a newer
+    jobwrap's format (a miss: the caller asks again)."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            return None
+        format_of(data, "format", known=NODE_FORMAT, path=path, what="node cache")
+    except (OSError, ValueError, FormatTooNew):
+        return None
+    return data
 
 
 def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: str,
@@ -83,11 +101,11 @@ def configured_gres(cfg: Config, node: str, backend: SlurmBackend) -> int | None
     from wrapper.gpu.report import parse_gres_gpus
 
     cache = Path(cfg.paths.state_dir) / "nodes" / f"{node}.json"
+    data = _cached(cache)
     try:
-        data = json.loads(cache.read_text())
-        if time.time() - float(data["at"]) < GRES_TTL:
+        if data is not None and time.time() - float(data["at"]) < GRES_TTL:
             return int(data["gpus"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         pass
     try:
         gres = backend.node_info(node).get("Gres", "")
@@ -98,7 +116,8 @@ def configured_gres(cfg: Config, node: str, backend: SlurmBackend) -> int | None
     try:
         cache.parent.mkdir(mode=0o755, exist_ok=True)
         tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"at": time.time(), "gpus": gpus, "gres": gres}))
+        tmp.write_text(json.dumps({"format": NODE_FORMAT, "at": time.time(), "gpus": gpus,
+                                   "gres": gres}))
         tmp.replace(cache)
     except OSError as exc:
         log.get().warning("health.gres_cache_unwritable", error=str(exc))
@@ -130,11 +149,8 @@ def recall_scontrol(cfg: Config, backend: SlurmBackend) -> None:
 
     if not isinstance(backend, CliBackend) or backend.json_supported is not None:
         return
-    try:
-        data = json.loads((Path(cfg.paths.state_dir) / "nodes" / SCONTROL_FACTS).read_text())
-    except (OSError, ValueError):
-        return
-    if isinstance(data, dict) and data.get("json") is False and \
+    data = _cached(Path(cfg.paths.state_dir) / "nodes" / SCONTROL_FACTS)
+    if data is not None and data.get("json") is False and \
             data.get("scontrol") == _scontrol_identity(cfg):
         backend.json_supported = False
 
@@ -146,12 +162,9 @@ def remember_scontrol(cfg: Config, backend: SlurmBackend) -> None:
     if not isinstance(backend, CliBackend) or backend.json_supported is not False:
         return
     cache = Path(cfg.paths.state_dir) / "nodes" / SCONTROL_FACTS
-    facts = {"json": False, "scontrol": _scontrol_identity(cfg)}
-    try:
-        if json.loads(cache.read_text()) == facts:
-            return
-    except (OSError, ValueError):
-        pass
+    facts = {"format": NODE_FORMAT, "json": False, "scontrol": _scontrol_identity(cfg)}
+    if _cached(cache) == facts:
+        return
     try:
         cache.parent.mkdir(mode=0o755, exist_ok=True)
         tmp = cache.with_name(f".{cache.name}.{os.getpid()}")

@@ -62,7 +62,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
                 return EXIT_UNHEALTHY
     record, script = gathered()
     remember_scontrol(cfg, backend)
-    state.write_json(RECORD, record.as_dict())
+    state.write_json(RECORD, record.stored())
     from wrapper.slurm.context import known_script
 
     if known_script(ctx) is None:  # Extra's directive lines (the user's) are no script

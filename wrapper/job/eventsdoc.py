@@ -14,7 +14,10 @@ Each event is one JSON line `{"ts": ..., "event": KIND, ...}` in the job's state
 `events.jsonl` when root wrote it (facts the decisions may use), `user-events.jsonl`
 when the job's user side did (claims: shown by `jobwrap status`, never control flow).
 Every event has `attempt` and `node`. A kind this version does not know is read as
-`Unknown`, never an error.
+`Unknown`, never an error. A line's format is its `v` (absent: 1, and format 1 is
+written without it); kinds and fields are only ever added within a format, and a line
+of a newer format is refused in root's file and skipped in the user's
+(`docs/upgrades.md`).
 
 | kind | writer | fields | meaning |
 |---|---|---|---|

@@ -7,7 +7,9 @@ Layout under ``<cache_root>`` (root's, mode 0700; nothing in it is reachable by 
     entries/<key>/data      the dataset (a file, or a folder tree), read-only
     entries/<key>/reserved  bytes promised to a fill in progress
     entries/<key>/complete.json   the marker, written last: an entry without it is never
-                            used, and is rebuilt
+                            used, and is rebuilt; so is one whose marker's "v" is
+                            newer than ``MARKER_FORMAT`` (docs/upgrades.md: a cache
+                            entry is a miss, never an error)
     trash/                  entries being deleted
 
 * Key: sha256 of the source's real path and of every file's path, size, mode, mtime and
@@ -91,6 +93,7 @@ GIB = 1 << 30
 KEY_MODES = ("stat", "sha256")
 LINK_MODES = ("hardlink", "copy")
 MARKER = "complete.json"
+MARKER_FORMAT = 1  # the marker's "v"; the key's own scheme is in its head (jobwrap-cache-1)
 RESERVED = "reserved"
 DATA = "data"
 _KEY = re.compile(r"^[0-9a-f]{64}$")
@@ -353,7 +356,7 @@ class Cache:
                 if entry.sha256 and checksums.get(entry.path) != entry.sha256:
                     raise StagingError(f"{entry.path!r} does not match the checksum it was "
                                        "keyed by; it changed while being staged")
-            marker = {"v": 1, "key": claim.key, "source": manifest.source,
+            marker = {"v": MARKER_FORMAT, "key": claim.key, "source": manifest.source,
                       "kind": manifest.kind, "files": len(manifest.files),
                       "bytes": manifest.total_bytes,
                       "disk_bytes": self.disk_bytes(manifest), "created": time.time(),
@@ -582,6 +585,10 @@ class Cache:
             data = None
         if not isinstance(data, dict) or data.get("key") != key:
             return None
+        version = data.get("v", 1)
+        if not isinstance(version, int) or isinstance(version, bool) or \
+                not 1 <= version <= MARKER_FORMAT:
+            return None  # a newer jobwrap's entry: a miss here, filled again
         return data
 
     def _reserved(self, key: str) -> int:

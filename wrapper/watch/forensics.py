@@ -314,4 +314,11 @@ def conclude(state: Any, job_id: str, attempt: int, stdout: str, user: Any) -> s
 def forensics_of(state: Any, node: str) -> dict[str, Any]:
     """``{"forensics": ...}`` for this node's archive part, when its watcher took them."""
     found = state.read_json(file_name(node))
-    return {"forensics": found} if found else {}
+    if not found:
+        return {}
+    from wrapper.errors import format_of
+    from wrapper.watch.process import WATCH_FORMAT
+
+    format_of(found, "format", known=WATCH_FORMAT, path=state.path / file_name(node),
+              what="forensics record")
+    return {"forensics": {k: v for k, v in found.items() if k != "format"}}

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from wrapper import log
 from wrapper.config import Config
-from wrapper.errors import JobwrapError
+from wrapper.errors import JobwrapError, format_of
 from wrapper.job import events as ev
 from wrapper.slurm.context import JobContext
 from wrapper.state import JobState
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 MODULE = "wrapper.watch"
 WATCH_ASK_EVERY = 600.0  # seconds between a watcher's asks to slurmctld (see run())
+# The "format" of the watcher's files in the job's state (watch-NODE.json, and
+# forensics-NODE.json): docs/upgrades.md. An epilog finds the watcher by its pid file
+# and by MODULE in its command line: both outlive an upgrade under a running job.
+WATCH_FORMAT = 1
 
 
 def pid_file(node: str) -> str:
@@ -61,6 +65,8 @@ def stop(state: JobState, node: str) -> bool:
     record = state.read_json(pid_file(node))
     if not record:
         return False
+    format_of(record, "format", known=WATCH_FORMAT, path=state.path / pid_file(node),
+              what="watcher record")
     try:
         pid, started = int(record["pid"]), float(record["started"])
         proc = psutil.Process(pid)
@@ -160,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return read_faults(cfg, args.node, gpus, listening[0] if listening else None)
     state = state_mod.for_job(cfg, args.job_id)
     state.write_json(pid_file(args.node), {
-        "pid": os.getpid(), "started": psutil.Process().create_time(),
+        "format": WATCH_FORMAT, "pid": os.getpid(), "started": psutil.Process().create_time(),
         "attempt": args.attempt})
     backend = slurm.backend(cfg.slurm)
     done = threading.Event()
@@ -211,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = fx.collect(cfg, job_id=args.job_id, node=args.node, attempt=args.attempt,
                            uid=args.uid, gid=args.gid, gpus=gpus,
                            budget=max(2.0, sup.forensics_timeout - sup.gpu_interval))
-        state.write_json(fx.file_name(args.node), found)
+        state.write_json(fx.file_name(args.node), {"format": WATCH_FORMAT, **found})
         state.append(ev.WatchForensics.KIND, attempt=args.attempt, node=args.node,
                      ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",
                                                    "in_collective", "error")}
