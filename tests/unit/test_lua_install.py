@@ -127,3 +127,13 @@ def test_cli_reports_an_unwritable_path(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "cannot write" in result.output
     assert not os.path.exists(tmp_path / "nope")
+
+
+def test_the_sites_default_spares_are_checked_before_they_reach_the_plugin() -> None:
+    from wrapper.install_lua import InstallError, spare_defaults
+
+    assert spare_defaults(" gpu = 1, big=2 ,") == "gpu=1,big=2"
+    assert spare_defaults("") == ""
+    for bad in ("gpu", "gpu=x", "gpu=65", "=1", "gpu=1,big"):
+        with pytest.raises(InstallError, match="is not PART=N"):
+            spare_defaults(bad)
