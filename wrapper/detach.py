@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
 def jobwrap_argv(*args: str) -> list[str]:
@@ -42,3 +42,20 @@ def hook_env(config_source: str) -> dict[str, str]:
     if config_source != "(defaults)":
         env["JOBWRAP_CONFIG"] = config_source
     return env
+
+
+def start_release(job_id: str, config_source: str, exclude: Sequence[str] = (), *,
+                  running_grace: float | None = None,
+                  spawn_with: Callable[[Sequence[str]], object] | None = None) -> None:
+    """Start ``jobwrap release JOB`` detached: the requeued job is made eligible as soon as
+    it is PENDING, away from ``exclude``. ``spawn_with``: the hooks' injected spawner
+    (tests), else a detached process with :func:`hook_env`."""
+    argv = jobwrap_argv("release", job_id)
+    for node in exclude:
+        argv += ["--exclude", node]
+    if running_grace is not None:
+        argv += ["--running-grace", f"{running_grace:g}"]
+    if spawn_with is not None:
+        spawn_with(argv)
+    else:
+        spawn(argv, hook_env(config_source))

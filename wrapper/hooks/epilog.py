@@ -151,11 +151,7 @@ def _unchecked_here(ctx: JobContext, cfg: Config, store: JobStore,
     if excluding:
         from wrapper import detach
 
-        argv = detach.jobwrap_argv("release", ctx.job_id, "--exclude", ctx.node)
-        if services.spawn is not None:
-            services.spawn(argv)
-        else:
-            detach.spawn(argv, detach.hook_env(cfg.source))
+        detach.start_release(ctx.job_id, cfg.source, [ctx.node], spawn_with=services.spawn)
 
 
 def _archive(ctx: JobContext, cfg: Config, store: JobStore, record: jobrecord.JobRecord,

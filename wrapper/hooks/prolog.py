@@ -53,12 +53,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
                                                 reason=report.drain_reason()))
                 # Slurm requeues the job only once this prolog has exited: until then
                 # it is still RUNNING, which the release waits out.
-                argv = detach.jobwrap_argv("release", ctx.job_id, "--exclude", ctx.node,
-                                           "--running-grace", "30")
-                if services.spawn is not None:
-                    services.spawn(argv)
-                else:
-                    detach.spawn(argv, detach.hook_env(cfg.source))
+                detach.start_release(ctx.job_id, cfg.source, [ctx.node], running_grace=30,
+                                     spawn_with=services.spawn)
                 return EXIT_UNHEALTHY
     record, script = gathered()
     remember_scontrol(cfg, backend)

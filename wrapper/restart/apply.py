@@ -72,13 +72,7 @@ def requeue(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend
     try:
         if not already_requeued:
             backend.requeue(ctx.job_id)
-        argv = detach.jobwrap_argv("release", ctx.job_id)
-        for node in decision.exclude_nodes:
-            argv += ["--exclude", node]
-        if spawn is None:
-            detach.spawn(argv, detach.hook_env(cfg.source))
-        else:
-            spawn(argv)
+        detach.start_release(ctx.job_id, cfg.source, decision.exclude_nodes, spawn_with=spawn)
     except JobwrapError as exc:  # Slurm said no: record it, and go on with the epilog
         log.get().error("epilog.requeue_failed", error=str(exc))
         store.record(ev.RequeueFailed(attempt=ctx.attempt, node=ctx.node, error=str(exc)))
