@@ -112,6 +112,18 @@ export GP_RUN=$PWD/{run}
 """
 
 
+def spare_script(python: str, run: str, jobwrap: str) -> str:
+    """jobwrap with one spare node: the same training under ``jobwrap run`` (a rank's
+    failure restarts inside the allocation) on 2 working nodes and 1 spare (a node's
+    failure moves the work onto it); ``--no-kill`` keeps a lost node from ending the job."""
+    return f"""#!/bin/bash
+#SBATCH --nodes=2 --no-kill --ntasks-per-node=1 --gres=gpu:1 --output=gp-%j.out --open-mode=append
+#JOBWRAP --checkpoint-dir=ckpt-{run} --max-restarts=12 --spare-nodes=1
+export GP_RUN=$PWD/{run}
+{jobwrap} run -- {srun(python)}
+"""
+
+
 def baseline_script(python: str, run: str) -> str:
     """Slurm alone and a diligent user: ``--requeue`` (node loss), a loop that reruns a
     failed step in place, a collective timeout for a stuck peer, and a trap that requeues
