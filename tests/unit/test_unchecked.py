@@ -49,7 +49,7 @@ def test_another_nodes_epilog_keeps_the_next_attempt_off_it(tmp_path: Path,
     assert epilog_mod.run(ctx, cfg, io.StringIO(), {}, services=services) == 0
     [marked] = [e for e in store.root_events() if isinstance(e, ev.AttemptUnchecked)]
     assert (marked.node, marked.attempt, marked.excluded) == ("n2", 1, action == "requeue")
-    assert "Slurm ran no Prolog on n2 for attempt 1" in marked.reason
+    assert "jobwrap's prolog did not run on n2 for attempt 1" in marked.reason
     releases = [list(argv)[list(argv).index("release"):] for argv in spawned
                 if "release" in argv]
     assert releases == ([["release", JOB, "--exclude", "n2"]] if action == "requeue" else [])

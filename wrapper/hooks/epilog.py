@@ -142,8 +142,7 @@ def _unchecked_here(ctx: JobContext, cfg: Config, store: JobStore,
     decision, so it starts a release that excludes it from whatever requeue follows (a
     job that is not requeued is left alone: the release acts on a PENDING job only)."""
     excluding = cfg.hooks.unchecked_attempt == "requeue" and not ctx.first_node
-    reason = (f"Slurm ran no Prolog on {ctx.node} for attempt {ctx.attempt} (slurmd before "
-              f"23.02 skips it for a job requeued back onto a node within seconds)")
+    reason = ev.prolog_skipped(ctx.node, ctx.attempt)
     log.get().warning("epilog.prolog_skipped", attempt=ctx.attempt, reason=reason,
                       action=cfg.hooks.unchecked_attempt)
     store.record(ev.AttemptUnchecked(attempt=ctx.attempt, node=ctx.node, reason=reason,

@@ -94,9 +94,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
 
 def unchecked_message(ctx: JobContext, *, ends: bool) -> str:
     """What the job's output says when this node's prolog did not run for the attempt."""
-    why = (f"jobwrap's prolog did not run on {ctx.node} for attempt {ctx.attempt} (slurmd "
-           f"before 23.02 skips it for a job requeued back onto a node within seconds), so "
-           f"nothing checked this node's GPUs or staged the job's data here")
+    why = (f"{ev.prolog_skipped(ctx.node, ctx.attempt)}, so nothing checked this node's GPUs "
+           f"or staged the job's data here")
     if ends:
         return (f"the job did not start on {ctx.node}: {why}; this attempt ends before the "
                 f"job's code runs and is requeued away from {ctx.node} "

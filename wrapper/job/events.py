@@ -397,6 +397,13 @@ class RequeuedWithoutJobwrap(Event):
     reason: str = ""
 
 
+def prolog_skipped(node: str, attempt: int) -> str:
+    """The one wording of an attempt Slurm started on ``node`` without jobwrap's prolog:
+    the job's output, root's record of it and the epilog's verdict all say this."""
+    return (f"jobwrap's prolog did not run on {node} for attempt {attempt} (slurmd before "
+            f"23.02 skips it for a job requeued back onto a node within seconds)")
+
+
 @kind("attempt.unchecked", writer="root")
 @dataclass(frozen=True)
 class AttemptUnchecked(Event):

@@ -107,8 +107,7 @@ def _unchecked(ctx: JobContext, cfg: Config, store: JobStore, events: list[ev.Ev
     if cfg.hooks.unchecked_attempt != "requeue" or store.prolog_ran(ctx.node, ctx.attempt,
                                                                     events):
         return ""
-    return (f"jobwrap's prolog did not run on {ctx.node} for attempt {ctx.attempt} "
-            f"(Slurm skipped it)")
+    return ev.prolog_skipped(ctx.node, ctx.attempt)
 
 
 def this_attempt(tail: str, attempt: int) -> str:
