@@ -280,9 +280,10 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None,
 
             backend = slurm.backend(cfg.slurm)
         events = for_job(cfg, job_id).events(root_only=True)
-        found = faults_elsewhere(backend, list(nodes), "", attempt, events)
-        for node, info in node_records(backend, [n for n in nodes if n not in found], ""):
-            if node_lost(info):
+        records = dict(node_records(backend, nodes, ""))  # one request for every node
+        found = faults_elsewhere(backend, list(nodes), "", attempt, events, records)
+        for node, info in records.items():
+            if node not in found and node_lost(info):
                 found[node] = f"Slurm lost it ({info.get('State', '')})"
     except (JobwrapError, OSError) as exc:
         log.get().warning("run.faults_unknown", error=str(exc))

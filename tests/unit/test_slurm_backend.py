@@ -86,3 +86,47 @@ def test_missing_pyslurm_costs_no_scontrol_call(monkeypatch: pytest.MonkeyPatch)
     runner = RecordingRunner()
     assert slurm.backend(SlurmConfig(backend="auto"), runner).name == "cli"
     assert runner.calls == []
+
+
+class CannedRunner(Runner):
+    """Records argv and the folder it ran in; answers with ``outputs[verb]``."""
+
+    def __init__(self, outputs: dict[str, str]) -> None:
+        super().__init__()
+        self.outputs = outputs
+        self.calls: list[tuple[list[str], str | None]] = []
+
+    def run(self, argv, *, timeout, input=None, check=True, cwd=None):  # type: ignore[no-untyped-def]
+        self.calls.append((list(argv), cwd))
+        verb = next((v for v in self.outputs if v in argv), "")
+        return super().run(["printf", "%s", self.outputs.get(verb, "")], timeout=timeout)
+
+
+def test_many_nodes_are_read_in_one_call() -> None:
+    import json
+
+    doc = {"nodes": [{"name": n, "state": ["IDLE", "DRAIN"] if n == "n2" else ["MIXED"],
+                      "reason": "jobwrap: xid" if n == "n2" else ""} for n in ("n1", "n2")]}
+    runner = CannedRunner({"show": json.dumps(doc)})
+    cli = CliBackend(SlurmConfig(scontrol_command="scontrol"), runner)
+    found = cli.nodes_info(["n1", "n2", "n3"])
+    assert [c[0] for c in runner.calls] == [["scontrol", "--json", "show", "node", "n1,n2,n3"]]
+    assert found["n2"]["State"] == "IDLE+DRAIN" and found["n2"]["Reason"] == "jobwrap: xid"
+    assert set(found) == {"n1", "n2"}  # n3 unknown to Slurm: absent
+    assert cli.nodes_info([]) == {}
+    with pytest.raises(SlurmError, match="not a Slurm node name"):
+        cli.nodes_info(["n1", "n1;reboot"])
+
+
+def test_a_shrink_runs_in_a_folder_of_its_own_and_steps_are_killed_by_id() -> None:
+    import os
+
+    runner = CannedRunner({"-s": "12.0\n12.1\n12.batch\n12.extern\n"})
+    cli = CliBackend(SlurmConfig(scontrol_command="scontrol", scancel_command="scancel",
+                                 squeue_command="squeue"), runner)
+    cli.shrink_job("12", ["n1", "n3"])
+    argv, cwd = runner.calls[-1]
+    assert argv == ["scontrol", "update", "JobId=12", "NodeList=n1,n3"]
+    assert cwd is not None and not os.path.exists(cwd)  # removed, resize scripts and all
+    assert cli.kill_steps("12") == ["12.0", "12.1"]  # never the batch script: the job goes on
+    assert runner.calls[-1][0] == ["scancel", "--signal=KILL", "12.0", "12.1"]

@@ -43,6 +43,10 @@ class FakeSlurm:
             raise SlurmError(f"node {node} not found")
         return dict(self.nodes[node])
 
+    def nodes_info(self, nodes: list[str]) -> dict[str, dict[str, str]]:
+        self.calls.append(("nodes_info", *nodes))
+        return {n: {"NodeName": n, **self.nodes[n]} for n in nodes if n in self.nodes}
+
     def drain_node(self, node: str, reason: str) -> str:
         self.calls.append(("drain_node", node, reason))
         self.nodes.setdefault(node, {})["State"] = "DRAIN"

@@ -9,7 +9,7 @@ neither set a node's state in Slurm nor write root's events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from wrapper import log
@@ -19,15 +19,20 @@ from wrapper.slurm import SlurmBackend
 
 
 def faults_elsewhere(backend: SlurmBackend, nodes: Sequence[str], here: str, attempt: int,
-                     root_events: Iterable[dict[str, Any]]) -> dict[str, str]:
-    """``{node: drain reason}`` for the job's other nodes a fault ended this attempt on."""
+                     root_events: Iterable[dict[str, Any]],
+                     records: Mapping[str, dict[str, str]] | None = None) -> dict[str, str]:
+    """``{node: drain reason}`` for the job's other nodes a fault ended this attempt on.
+    ``records``: Slurm's node records already read (else asked here, in one call)."""
     found: dict[str, str] = {}
     for e in root_events:
         node = str(e.get("node", ""))
         if e.get("event") == ev.WatchFault.KIND and e.get("attempt") == attempt and node != here \
                 and node in nodes:
             found[node] = str(e.get("reason", "a GPU fault"))
-    for node, info in node_records(backend, [n for n in nodes if n not in found], here):
+    rest = [n for n in nodes if n not in found]
+    pairs = [(n, records[n]) for n in rest if n in records and n != here] \
+        if records is not None else node_records(backend, rest, here)
+    for node, info in pairs:
         reason = info.get("Reason", "")
         if "DRAIN" in info.get("State", "").upper() and reason.startswith("jobwrap:"):
             found[node] = reason.split(" [", 1)[0]  # Slurm appends " [user@time]"
@@ -36,11 +41,14 @@ def faults_elsewhere(backend: SlurmBackend, nodes: Sequence[str], here: str, att
 
 def node_records(backend: SlurmBackend, nodes: Sequence[str], here: str
                  ) -> Iterable[tuple[str, dict[str, str]]]:
-    """Slurm's record of each of ``nodes`` but ``here`` (one unreadable is logged, skipped)."""
-    for node in nodes:
-        if node == here:
-            continue
-        try:
-            yield node, backend.node_info(node)
-        except JobwrapError as exc:
-            log.get().warning("watch.node_unreadable", node=node, error=str(exc))
+    """Slurm's record of each of ``nodes`` but ``here``, asked in one call (unreadable:
+    logged, none; a node missing from the answer: skipped)."""
+    wanted = [n for n in nodes if n != here]
+    if not wanted:
+        return []
+    try:
+        found = backend.nodes_info(wanted)
+    except JobwrapError as exc:
+        log.get().warning("watch.node_unreadable", node=",".join(wanted)[:200], error=str(exc))
+        return []
+    return [(n, found[n]) for n in wanted if n in found]
