@@ -19,11 +19,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from wrapper import log
 from wrapper.config import Config
@@ -97,11 +98,14 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
                 and resumes else "starting from the beginning"))
         started = time.monotonic()
         try:
-            state.child = subprocess.Popen(list(command), env=env, start_new_session=True)
+            state.child = subprocess.Popen(list(command), env=env, start_new_session=True,
+                                           stderr=subprocess.PIPE)
         except OSError as exc:
             say(f"jobwrap run: cannot start {command[0]!r}: {exc.strerror}")
             return 127
+        tail = ErrorTail(state.child.stderr)
         status = state.child.wait()
+        tail.finish()
         code, sig = (status, 0) if status >= 0 else (0, -status)
         logger.info("run.attempt_end", attempt=attempt, exit_code=code, signal=sig,
                     seconds=round(time.monotonic() - started, 2))
@@ -112,7 +116,10 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
             if moved:
                 attempt, swaps = attempt + 1, swaps + 1
                 continue
-        verdict = classify(Evidence(exit_code=code, exit_signal=sig))
+        # srun's own words tell a rank's segfault from its kill where srun's status is the
+        # same (143 after --kill-on-bad-exit): without them two different faults would
+        # read as "the same error" and stop the restarts
+        verdict = classify(Evidence(exit_code=code, exit_signal=sig, output_tail=tail.text()))
         after = _latest(options)
         decision = decide(verdict, attempt=attempt - swaps, max_restarts=max_restarts,
                           no_requeue=options.no_requeue, history=state.history,
@@ -136,6 +143,44 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
                                          after[1] if after else None,
                                          after[0] if after else None))
         attempt += 1
+
+
+class ErrorTail:
+    """The command's standard error passed through to ours as it comes, its last
+    :attr:`KEEP` bytes kept for the verdict (srun's ``task 1: Segmentation fault``, a
+    rank's traceback). This is the user's own process deciding the user's own restarts:
+    the text is evidence here, as root's epilog may not take it."""
+
+    KEEP = 64 * 1024
+
+    def __init__(self, stream: IO[bytes] | None) -> None:
+        self.kept = bytearray()
+        self.thread: threading.Thread | None = None
+        if stream is not None:
+            self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True,
+                                           name="stderr-tail")
+            self.thread.start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        fd = stream.fileno()
+        while chunk := os.read(fd, 65536):
+            if out is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    out.write(chunk)
+                    out.flush()
+            self.kept += chunk
+            if len(self.kept) > 2 * self.KEEP:
+                del self.kept[:-self.KEEP]
+        stream.close()
+
+    def finish(self) -> None:
+        """Wait briefly for the rest: a child the command left running may hold the pipe."""
+        if self.thread is not None:
+            self.thread.join(timeout=2.0)
+
+    def text(self) -> str:
+        return bytes(self.kept[-self.KEEP:]).decode("utf-8", "replace")
 
 
 def with_directives(options: JobOptions, cfg: Config) -> JobOptions:

@@ -308,3 +308,25 @@ def test_a_watcher_ends_only_the_steps_of_a_job_whose_spare_can_take_over(
     state.write_json(jobrecord.RECORD, {**record.as_dict(), "options": {}})
     JobStore(state).record(ev.SpareUsed(attempt=0, node="n1", working=2))
     assert not spare_may_take(state, "n2", 0)
+
+
+def test_srun_s_words_tell_two_faults_with_the_same_status_apart(
+        tmp_path: Path, handlers: None, capfd: pytest.CaptureFixture[str]) -> None:
+    # srun --kill-on-bad-exit ends 143 whether a rank was killed or crashed: by status
+    # alone the second fault would be "the same error" and stop the restarts
+    count = tmp_path / "count"
+    script = (f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; '
+              'if [ "$n" = 0 ]; then echo "srun: error: n2: task 1: Killed" >&2; exit 143; '
+              'elif [ "$n" = 1 ]; then '
+              'echo "srun: error: n2: task 1: Segmentation fault" >&2; exit 143; fi')
+    said: list[str] = []
+    from wrapper.config import RestartConfig
+
+    cfg = Config(restart=RestartConfig(no_progress_limit=5))  # no checkpoints here
+    assert run(["sh", "-c", script], parse_args(["--max-restarts=3"]), cfg,
+               say=said.append) == 0
+    assert count.read_text() == "3\n"
+    assert any("a rank crashed: srun: error: n2: task 1: Segmentation fault" in line
+               for line in said), said
+    err = capfd.readouterr().err  # passed through as it came, not swallowed
+    assert "task 1: Killed" in err and "task 1: Segmentation fault" in err
