@@ -181,7 +181,7 @@ SLURM25 = Path(__file__).parents[1] / "fixtures" / "slurm25"
 def test_json_of_real_slurm_25_11_job() -> None:
     """A real ``scontrol --json show job`` of Slurm 25.11.7 (data_parser v0.0.44), of a
     2-node job with no --output, a --time=7, and job_submit.lua's Extra."""
-    got = from_json_job(json.loads((SLURM25 / "job.json").read_text()), "1")
+    got = from_json_job(json.loads((SLURM25 / "job_noout.json").read_text()), "1")
     assert (got["JobId"], got["JobName"], got["UserId"]) == ("1", "noout.sh", "jwtest(1001)")
     assert (got["JobState"], got["Reason"], got["Requeue"], got["Restarts"]) == \
         ("RUNNING", "None", "1", "0")
@@ -213,7 +213,7 @@ def test_json_of_real_slurm_25_11_array_picks_the_task_asked_for() -> None:
 
 
 def test_json_of_real_slurm_25_11_node() -> None:
-    got = from_json_node(json.loads((SLURM25 / "node.json").read_text()))
+    got = from_json_node(json.loads((SLURM25 / "node_completing.json").read_text()))
     from datetime import datetime
 
     assert got == {"NodeName": "n1", "State": "MIXED+COMPLETING", "Gres": "gpu:4",

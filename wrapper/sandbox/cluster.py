@@ -136,6 +136,12 @@ class Cluster:
         ensure_packages(log)
         ensure_user(self.spec.user)
         self._layout()
+        workaround = flavor.scheduler_workaround(self.spec.slurm_prefix, self.spec.accounting)
+        if workaround:
+            log(f"Slurm {'.'.join(map(str, flavor.version(self.spec.slurm_prefix)))} "
+                f"without accounting: SchedulerParameters {workaround}, as its main "
+                "scheduler refuses every job (InvalidAccount) and only backfill starts "
+                "jobs (docs/compat.md)")
         log("installing this checkout into the sandbox runtime ...")
         with ticking(log, "installing the runtime"):
             self._install_runtime()
@@ -292,6 +298,8 @@ class Cluster:
         b = self.base
         storage = self._accounting().slurm_conf() if spec.accounting else \
             "AccountingStorageType=accounting_storage/none\n"
+        scheduler = ",".join(filter(None, ["nohold_on_prolog_fail", flavor.scheduler_workaround(
+            spec.slurm_prefix, spec.accounting)]))
         self.conf.write_text(f"""# written by jobwrap sandbox; a throwaway cluster on one host
 ClusterName=jobwrap-sandbox
 SlurmctldHost={host}(127.0.0.1)
@@ -315,7 +323,7 @@ JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=nohold_on_prolog_fail
+SchedulerParameters={scheduler}
 ReturnToService=2
 Prolog={rt}/prolog/prolog
 Epilog={rt}/epilog/epilog

@@ -56,6 +56,36 @@ def slurm_section(prefix: str) -> str:
     return "".join(f'{name}_command = "{program(prefix, name)}"\n' for name in CLIENTS)
 
 
+def version(prefix: str) -> tuple[int, int]:
+    """(MAJOR, MINOR) of this Slurm, from ``slurmctld -V``; (0, 0) when it cannot say."""
+    import re
+    import subprocess
+
+    try:
+        out = subprocess.run([program(prefix, "slurmctld"), "-V"], capture_output=True,
+                             text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return (0, 0)
+    match = re.search(r"(\d+)\.(\d+)\.\d+", out)
+    return (int(match[1]), int(match[2])) if match else (0, 0)
+
+
+# Slurm 23.x without accounting storage: slurmctld hands assoc_mgr_init a stale errno
+# (a missing state file's ENOENT) as "the database connection failed" (controller.c
+# ctld_assoc_mgr_init; 24.11 zeroes errno first), so its association lists stay empty and
+# its main scheduler refuses every job as InvalidAccount: only the backfill scheduler,
+# every bf_interval (30 s), starts jobs. Seen on 23.11.11 (tools/compat, docs/compat.md).
+STALE_ERRNO_SCHEDULER = "bf_interval=1"
+
+
+def scheduler_workaround(prefix: str, accounting: bool) -> str:
+    """A SchedulerParameters item this Slurm's sandbox needs to start jobs within seconds
+    ("" none), with why: see STALE_ERRNO_SCHEDULER."""
+    if accounting or version(prefix)[0] != 23:
+        return ""
+    return STALE_ERRNO_SCHEDULER
+
+
 def pyslurm_wheel(prefix: str) -> Path | None:
     """The pyslurm wheel built against this Slurm (tools/bootstrap-slurm25), if any."""
     if not prefix:
