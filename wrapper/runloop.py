@@ -88,7 +88,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         resumes = bool(resume) and (attempt > 0 or base_attempt > 0
                                     or resume_mod.RESUME_FROM in os.environ)
         base_env = spares.environ(os.environ) if spares is not None else os.environ
-        env = resume_mod.environ(base_env, resume_mod.exports(
+        env = resume_mod.environ({**base_env, resume_mod.UNDER_RUN: "1"}, resume_mod.exports(
             attempt=base_attempt + attempt, scratch=None,
             checkpoint_dir=os.path.abspath(options.checkpoint_dir)
             if options.checkpoint_dir else None,

@@ -295,9 +295,13 @@ class Run:
             i = ids.index(fault.launch)
             this = launches[i]
             nxt = launches[i + 1] if i + 1 < len(launches) else None
-            # the walltime ends its launch later, when the lowered limit comes
-            went_on = bool(this.done) if fault.kind == "walltime" else \
-                max(this.steps) > fault.reached + 5 or bool(this.done)
+            # A fault ended nothing when its launch ran on to the next fault (fired in the
+            # same launch) or to the end. Not "a few steps more": a watcher notices an Xid
+            # only at its next look (gpu_interval, ~10 steps here), and the walltime ends
+            # its launch only when the lowered limit comes.
+            went_on = bool(this.done) or any(
+                later.launch == fault.launch for later in self.faults[self.faults.index(fault)
+                                                                       + 1:])
             if went_on or nxt is None:
                 fault.cls = "none" if self.jobwrap else "-"
                 continue

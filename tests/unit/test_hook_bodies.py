@@ -151,6 +151,16 @@ def test_the_task_prolog_exports_roots_resume_pick_and_says_why(tmp_path: Path,
                f"resuming from {ckpts}/model_2.pt\n" in said
     claims = [e for e in store.events() if isinstance(e, ev.TaskPrologContext)]
     assert len(claims) == 1 and claims[0].source == "user"
+    # A step of a command under jobwrap run keeps what jobwrap run chose between runs
+    # (a checkpoint seconds old is not settled for the task-prolog, and would be passed
+    # over); the job's other variables still come from here.
+    out = io.StringIO()
+    assert task_prolog.run(ctx_of("task-prolog", attempt), cfg, out,
+                           {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "JOBWRAP_RUN": "1"},
+                           Services(cfg)) == EXIT_OK
+    said = out.getvalue()
+    assert "JOBWRAP_RESUME_FROM" not in said and "JOBWRAP_ATTEMPT" not in said
+    assert f"export JOBWRAP_CHECKPOINT_DIR={ckpts}\n" in said
 
 
 def test_the_task_prolog_survives_a_missing_record(tmp_path: Path) -> None:

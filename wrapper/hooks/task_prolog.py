@@ -55,6 +55,12 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     found = _resume_point(ctx, cfg, store, record, events, batch=_is_batch(environ))
     resume = found.path if found else None
     values = exports(ctx, cfg, record, resume)
+    if environ.get(resume_mod.UNDER_RUN) == "1" and not _is_batch(environ):
+        # A step of a command jobwrap run restarted: it chose the attempt and the resume
+        # point between two runs, when nothing was writing; a checkpoint saved seconds
+        # before the restart is not yet settled here and must not be passed over.
+        values.pop(resume_mod.ATTEMPT, None)
+        values.pop(resume_mod.RESUME_FROM, None)
     # Export first: the job must get its variables even if what follows fails.
     for name, value in values.items():
         if "\n" not in value:

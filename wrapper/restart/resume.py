@@ -33,6 +33,9 @@ ATTEMPT = "JOBWRAP_ATTEMPT"
 SCRATCH = "JOBWRAP_SCRATCH"
 CHECKPOINT_DIR = "JOBWRAP_CHECKPOINT_DIR"
 RESUME_FROM = "JOBWRAP_RESUME_FROM"
+# Set by `jobwrap run` in its command's environment: the attempt and the resume point it
+# chose between two runs of the command, which a step's task-prolog leaves as they are.
+UNDER_RUN = "JOBWRAP_RUN"
 
 
 @dataclass(frozen=True)
