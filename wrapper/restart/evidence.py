@@ -120,7 +120,10 @@ def this_attempt(tail: str, attempt: int) -> str:
     found = None
     for found in re.finditer(rf"^jobwrap: attempt {attempt}[ ;].*$", tail, re.M):  # noqa: B007
         pass
-    return tail[found.end():] if found and attempt > 0 else tail
+    text = tail[found.end():] if found and attempt > 0 else tail
+    # jobwrap's own lines (the banner, jobwrap run's reports, which name the faults it
+    # handled: "n2: jobwrap: xid ... Xid 79") are not the job's words about its failure
+    return re.sub(r"^jobwrap(?: run)?: .*(?:\n|$)", "", text, flags=re.M)
 
 
 def output_tail(record: JobRecord, user: UserIds) -> str:
