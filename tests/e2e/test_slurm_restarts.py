@@ -199,7 +199,7 @@ def test_slurmctld_restarted_under_a_running_job(cluster: Cluster, payload: str)
     since = time.time()
     cluster.stop_daemon("slurmctld")
     step = last_step(out)  # without a controller the job trains on
-    # What the supervisor and the watchers ask (at most once a minute, once in ten: a
+    # What the supervisor and the watchers ask (at most once a minute, once in 10 min: a
     # short restart may fall between two asks, so it is asked here): the real squeue
     # against no slurmctld is no answer, never "the job is gone", and they keep watching.
     backend = CliBackend(SlurmConfig(command_timeout=3), Runner(cluster.env()))
