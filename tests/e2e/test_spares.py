@@ -103,18 +103,6 @@ def test_a_gpu_fault_moves_the_work_to_the_spare_inside_the_allocation(
         cluster.wait_idle(timeout=60)
 
 
-def _restart_slurmd(cluster: Cluster, node: str) -> None:
-    from wrapper.sandbox import flavor
-    from wrapper.sandbox.cluster import _daemon
-
-    argv = [flavor.program(cluster.spec.slurm_prefix, "slurmd"), "-D", "-N", node,
-            "-f", str(cluster.conf)]
-    with open(cluster.base / "log" / f"slurmd-{node}.stdout", "ab") as out:
-        proc = subprocess.Popen(argv, env=cluster.env(), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd="/")
-    cluster.daemons.append(_daemon(f"slurmd-{node}", proc.pid))
-
-
 def _slurmd_timeout(cluster: Cluster, seconds: int) -> None:
     """A lost node noticed in seconds rather than Slurm's minute (this test only)."""
     import os
@@ -179,7 +167,7 @@ def test_a_node_slurm_loses_is_replaced_by_the_spare_under_no_kill(
                 proc.kill()
         _slurmd_timeout(cluster, old)
         if not any(d.name == "slurmd-n2" for d in cluster.daemons):
-            _restart_slurmd(cluster, "n2")
+            cluster.start_daemon("slurmd-n2")
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not cluster.node_states().get(
                 "n2", "").startswith("idle"):

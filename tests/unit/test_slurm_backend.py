@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,18 @@ def test_a_shrink_runs_in_a_folder_of_its_own_and_steps_are_killed_by_id() -> No
     assert cwd is not None and not os.path.exists(cwd)  # removed, resize scripts and all
     assert cli.kill_steps("12") == ["12.0", "12.1"]  # never the batch script: the job goes on
     assert runner.calls[-1][0] == ["scancel", "--signal=KILL", "12.0", "12.1"]
+
+
+def test_a_squeue_that_does_not_answer_is_a_slurm_error(tmp_path: Path) -> None:
+    # squeue retries a slurmctld that is down (a restart) for longer than command_timeout:
+    # its timeout is "Slurm did not answer", like every other failed Slurm command, never
+    # a CommandTimeout that a caller of the backend need not expect
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\nsleep 30\n")
+    squeue.chmod(0o755)
+    cli = CliBackend(SlurmConfig(squeue_command=str(squeue), command_timeout=0.3))
+    with pytest.raises(SlurmError, match=r"timed out after 0\.3 s"):
+        cli.job_state("7")
+    missing = CliBackend(SlurmConfig(squeue_command=str(tmp_path / "none")))
+    with pytest.raises(SlurmError, match="was not found"):
+        missing.job_state("7")

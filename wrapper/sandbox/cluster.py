@@ -411,25 +411,51 @@ epilog_budget = 100
         self._save()
 
     def _start_daemons(self) -> None:
-        env = self.env()
-        log_dir = self.base / "log"
+        for name in ["slurmctld", *(f"slurmd-{n}" for n in self.spec.nodes)]:
+            self.start_daemon(name)
+
+    def daemon_argv(self, name: str) -> list[str]:
+        """How the sandbox runs its Slurm daemon ``name`` (``slurmctld``, ``slurmd-NODE``):
+        in the foreground, slurmctld keeping its saved state (``-i`` only ignores a state
+        file it cannot read), so a restart with the same argv is the site's restart."""
         prefix = self.spec.slurm_prefix
-        ctld, slurmd = flavor.program(prefix, "slurmctld"), flavor.program(prefix, "slurmd")
-        specs = [("slurmctld", [ctld, "-D", "-i", "-f", str(self.conf)])]
-        specs += [(f"slurmd-{n}", [slurmd, "-D", "-N", n, "-f", str(self.conf)])
-                  for n in self.spec.nodes]
-        for name, argv in specs:
-            out = open(log_dir / f"{name}.stdout", "ab")  # noqa: SIM115 - handed to the daemon
-            # From /: slurmd hands its cwd to every hook, and a checkout in a private
-            # folder (root's 0700 home) is no place the job user can be.
-            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    cwd="/")
-            out.close()
-            self.daemons.append(_daemon(name, proc.pid))
+        if name == "slurmctld":
+            return [flavor.program(prefix, "slurmctld"), "-D", "-i", "-f", str(self.conf)]
+        node = name.removeprefix("slurmd-")
+        if name.startswith("slurmd-") and node in self.spec.nodes:
+            return [flavor.program(prefix, "slurmd"), "-D", "-N", node, "-f", str(self.conf)]
+        raise SandboxError(f"no Slurm daemon {name!r} in this sandbox")
+
+    def start_daemon(self, name: str) -> Daemon:
+        """Start the Slurm daemon ``name`` and record it (``down`` stops it); slurmctld is
+        waited for until it answers."""
+        out = open(self.base / "log" / f"{name}.stdout", "ab")  # noqa: SIM115 - the daemon's
+        # From /: slurmd hands its cwd to every hook, and a checkout in a private
+        # folder (root's 0700 home) is no place the job user can be.
+        proc = subprocess.Popen(self.daemon_argv(name), env=self.env(), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd="/")
+        out.close()
+        daemon = _daemon(name, proc.pid)
+        self.daemons.append(daemon)
+        self._save()
+        if name == "slurmctld":
+            self._wait_ctld()
+        return daemon
+
+    def stop_daemon(self, name: str, grace: float = 30) -> None:
+        """Stop the daemon ``name`` as ``systemctl stop`` does: SIGTERM, then wait for it
+        to exit. One that is still there after ``grace`` seconds is killed and reported."""
+        daemon = next((d for d in self.daemons if d.name == name), None)
+        if daemon is None or not _alive(daemon):
+            raise SandboxError(f"{name} is not running in this sandbox")
+        try:
+            how = _terminate(daemon, grace)
+        finally:
+            self.daemons.remove(daemon)
             self._save()
-            if name == "slurmctld":
-                self._wait_ctld()
+        if how == "SIGKILL":
+            raise SandboxError(f"{name} did not exit within {grace:g} s of SIGTERM; killed")
 
     def _wait_ctld(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -609,12 +635,13 @@ def _alive(daemon: Daemon) -> bool:
         return False
 
 
-def _terminate(daemon: Daemon, grace: float = 10) -> bool:
-    """SIGTERM, then SIGKILL after ``grace`` seconds; only if the pid is still ours."""
+def _terminate(daemon: Daemon, grace: float = 10) -> str:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; only if the pid is still ours.
+    Returns the signal that ended it, "" when it was not running."""
     import psutil
 
     if not _alive(daemon):
-        return False
+        return ""
     proc = psutil.Process(daemon.pid)
     proc.terminate()
     try:
@@ -622,4 +649,5 @@ def _terminate(daemon: Daemon, grace: float = 10) -> bool:
     except psutil.TimeoutExpired:
         proc.kill()
         proc.wait(5)
-    return True
+        return "SIGKILL"
+    return "SIGTERM"

@@ -131,7 +131,10 @@ class CliBackend:
     def job_state(self, job_id: str) -> str:
         """The job's state from squeue (cheap), or "" once Slurm no longer lists it."""
         argv = [self.config.squeue_command, "-h", "-j", _job_id(job_id), "-o", "%T"]
-        res = self.runner.run(argv, timeout=self.config.command_timeout, check=False)
+        try:  # squeue retries a slurmctld that is down (restarting) past command_timeout
+            res = self.runner.run(argv, timeout=self.config.command_timeout, check=False)
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
         if res.returncode != 0:
             if "Invalid job id" in res.stderr:
                 return ""
