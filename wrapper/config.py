@@ -289,6 +289,11 @@ class SupervisorConfig(Section):
                                 "(TERM: shut down) reads it as something else.")
     walltime_lead: float = _opt(300.0, "Seconds before the time limit to send it.",
                                 non_negative=True)
+    walltime_requeue: bool = _opt(True, "With the signal, touch the job's save file "
+                                  "(JOBWRAP_SAVE_FILE, in its checkpoint dir) and, once a "
+                                  "checkpoint newer than that is complete, requeue the job "
+                                  "at once instead of training on until the limit (not past "
+                                  "--max-restarts, never with --no-requeue).")
     settle_seconds: float = _opt(10.0, "A checkpoint modified more recently than this is "
                                  "taken as still being written.", non_negative=True)
     forensics_timeout: float = _opt(30.0, "Seconds a hung job is kept, before it is "

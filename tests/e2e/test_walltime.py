@@ -50,3 +50,43 @@ def test_a_job_that_requeues_itself_is_recorded_and_not_requeued_twice(
     epilogs = [e["attempt"] for e in events if e["event"] == "epilog.context"]
     assert epilogs == [0, 1], epilogs  # Slurm's count had moved: the ended attempt is 0
     assert "requeued without jobwrap" in output and "does not requeue it again" in output
+
+
+def test_before_the_limit_a_saved_job_is_requeued_at_once_and_loses_no_step(
+        cluster: Cluster) -> None:
+    """The supervisor touches the job's save file (JOBWRAP_SAVE_FILE) with its signal; a
+    checkpoint newer than that, complete, and it requeues the job then instead of letting
+    it train on to the limit. With --max-restarts=1 the second attempt may not be
+    requeued: it runs on to its end."""
+    import shutil
+    from pathlib import Path
+
+    import wrapper.sandbox
+
+    payload = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+    cluster.write_user_file("train.py", payload.read_text())
+    shutil.rmtree(cluster.work / "ckpt-wtsave", ignore_errors=True)
+    steps = 40
+    job_id = cluster.submit(
+        "#!/bin/bash\n#SBATCH --time=2 --output=wtsave-%j.out --open-mode=append\n"
+        "#JOBWRAP --checkpoint-dir=ckpt-wtsave --max-restarts=1\n"
+        "echo \"save file: $JOBWRAP_SAVE_FILE\"\n"
+        f"python3 train.py {steps} 0.3\n", name="wtsave.sh")
+    info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "TIMEOUT"}, timeout=150)
+    output = (cluster.work / f"wtsave-{job_id}.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
+    assert f"done sum {steps * (steps + 1) // 2}" in output, output
+    assert f"save file: {cluster.work}/ckpt-wtsave/.jobwrap-save-now" in output, output
+    events = JobState(cluster.state_dir, job_id).events()
+    [requeued] = [e for e in events if e["event"] == "walltime.requeued"]
+    assert requeued["attempt"] == 0 and requeued["seconds_left"] > 60, requeued
+    # the next attempt resumed from the checkpoint the save made: no step lost or redone
+    saved = int(str(requeued["checkpoint"]).rsplit("step=", 1)[1].split(".")[0])
+    starts = [int(line.rsplit("start=", 1)[1]) for line in output.splitlines()
+              if line.startswith("attempt=") and "start=" in line]
+    assert starts[0] == 0 and starts[1] >= saved, (starts, saved, output)
+    ends = [(e["attempt"], e["decision"]) for e in events
+            if e["event"] == "attempt.end" and e["source"] == "root"]
+    assert ends == [(0, "requeue"), (1, "done")], ends
+    assert "requeued before its time limit by jobwrap's supervisor once the checkpoint " \
+        "it asked for was saved" in output, output

@@ -82,6 +82,12 @@ def test_a_faulty_node_stays_excluded_when_the_job_requeued_itself() -> None:
                            Classification("cancelled", "scancel", "cancelled"),
                            attempt=3, node="n1", job=job)
     assert none is None and same == Decision("stop", "cancelled")
+    # the supervisor's own save-and-requeue before the time limit is told as such
+    told, _ = hold_back(Decision("stop", "success"), Classification("success", "exit 0", ""),
+                        attempt=2, node="n1", job=job, saved="/ck/step_110")
+    assert told.action == "requeue" and told.reason.startswith(
+        "requeued before its time limit by jobwrap's supervisor once the checkpoint it asked "
+        "for was saved (/ck/step_110")
 
 
 def test_the_ended_attempt_is_the_one_root_started_here(tmp_path: Path) -> None:

@@ -257,3 +257,44 @@ def test_a_hang_waits_for_the_forensics_before_ending_the_job(tmp_path: Path) ->
     clock.now += 31
     sup.tick()
     assert order == ["forensics, ended: []"] and calls["end"] == ["hang"]
+
+
+def test_before_the_limit_the_job_is_asked_to_save_and_requeued_once_it_has(
+        tmp_path: Path) -> None:
+    sup, state, clock, ckpt, _out, calls, _ = make(tmp_path, hang=0.0, time_limit=3600)
+    requeues: list[float] = []
+    sup.requeue_job = lambda: requeues.append(clock.now) or True
+    save = ckpt / ".jobwrap-save-now"
+    save.write_text("")  # an earlier attempt's request: not this one's
+    sup.remove_save_file()
+    assert not save.exists()
+    write_ckpt(ckpt, 100, clock.now - 60)
+    clock.now += 3400  # 200 s left
+    sup.tick()
+    assert calls["signal"] == ["URG"] and save.exists()  # any loop can poll it
+    [signalled] = [e for e in state.events() if e["event"] == "walltime.signal"]
+    assert signalled["save_file"] == str(save)
+    clock.now += 20
+    sup.tick()
+    assert requeues == []  # the checkpoint it had before the request does not count
+    write_ckpt(ckpt, 110, clock.now - 6)  # saved on the request, settled (5 s)
+    clock.now += 2
+    sup.tick()
+    assert requeues == [clock.now]
+    [done] = [e for e in state.events() if e["event"] == "walltime.requeued"]
+    assert done["checkpoint"].endswith("step=110.ckpt") and done["seconds_left"] == 178
+    write_ckpt(ckpt, 120, clock.now - 6)
+    clock.now += 2
+    sup.tick()
+    assert len(requeues) == 1  # once
+
+
+def test_no_requeue_on_a_save_for_a_job_that_may_not_be_requeued(tmp_path: Path) -> None:
+    sup, _state, clock, ckpt, _out, calls, _ = make(tmp_path, hang=0.0, time_limit=3600)
+    assert sup.requeue_job is None  # launch passes none: --no-requeue, restarts spent, off
+    clock.now += 3400
+    sup.tick()
+    write_ckpt(ckpt, 110, clock.now - 6)
+    clock.now += 2
+    sup.tick()
+    assert calls["signal"] == ["URG"] and (ckpt / ".jobwrap-save-now").exists()

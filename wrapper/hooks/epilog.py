@@ -223,8 +223,11 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
         decision = replace(decision, exclude_nodes=sorted(remote))
     from wrapper.watch.requeued import hold_back  # the job requeued itself (Lightning)
 
+    saved = next((e for e in store.events() if isinstance(e, ev.WalltimeRequeued)
+                  and e.attempt == ctx.attempt), None)  # the supervisor's word: wording only
     decision, external = hold_back(decision, verdict, attempt=ctx.attempt, node=ctx.node,
-                                   job=gathered.job)
+                                   job=gathered.job,
+                                   saved=saved.checkpoint or "" if saved else None)
     if external is not None:
         store.record(external)
     if fallback is not None:

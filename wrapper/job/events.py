@@ -511,8 +511,18 @@ class GpuFault(_BySupervisor):
 @kind("walltime.signal", writer="user")
 @dataclass(frozen=True)
 class WalltimeSignal(_BySupervisor):
-    """The supervisor sent the job its pre-timeout signal."""
+    """The supervisor sent the job its pre-timeout signal (and touched its save file)."""
     signal: str = ""
+    seconds_left: int = 0
+    save_file: str = ""
+
+
+@kind("walltime.requeued", writer="user")
+@dataclass(frozen=True)
+class WalltimeRequeued(_BySupervisor):
+    """A checkpoint newer than the save request was complete before the time limit: the
+    supervisor requeued the job then, rather than let it train on to the limit."""
+    checkpoint: str | None = None
     seconds_left: int = 0
 
 

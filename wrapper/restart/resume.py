@@ -36,6 +36,16 @@ RESUME_FROM = "JOBWRAP_RESUME_FROM"
 # Set by `jobwrap run` in its command's environment: the attempt and the resume point it
 # chose between two runs of the command, which a step's task-prolog leaves as they are.
 UNDER_RUN = "JOBWRAP_RUN"
+# The file the supervisor touches before the time limit: a loop that sees it saves.
+SAVE_FILE = "JOBWRAP_SAVE_FILE"
+SAVE_FILE_NAME = ".jobwrap-save-now"
+
+
+def save_file(checkpoint_dir: str | None) -> str | None:
+    """Where the save request appears: in the checkpoint folder, which every rank sees."""
+    import os
+
+    return os.path.join(checkpoint_dir, SAVE_FILE_NAME) if checkpoint_dir else None
 
 
 @dataclass(frozen=True)
@@ -155,6 +165,7 @@ def exports(*, attempt: int, scratch: str | None, checkpoint_dir: str | None,
         values[SCRATCH] = scratch
     if checkpoint_dir:
         values[CHECKPOINT_DIR] = checkpoint_dir
+        values[SAVE_FILE] = save_file(checkpoint_dir) or ""
     if resume_from:
         values[RESUME_FROM] = resume_from
     return values

@@ -102,13 +102,28 @@ def supervise(job_id: str, cfg: Config) -> int:
             return False
         return True
 
+    def requeue_job() -> bool:
+        # What Lightning's auto-requeue does: the job's owner requeues its own job.
+        try:
+            backend.requeue(job_id)
+        except JobwrapError as exc:
+            log.get().warning("supervisor.requeue_failed", error=str(exc))
+            return False
+        return True
+
+    from wrapper.restart import resume as resume_mod
+
+    options = record.job_options
+    may_requeue = cfg.supervisor.walltime_requeue and not options.no_requeue and \
+        attempt < resume_mod.max_restarts(options, cfg)
     job_state = SlurmLook(backend, job_id, state, attempt,
                           unreachable_after=cfg.supervisor.slurm_unreachable)
     supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
                             gpu_faults=_gpu_fault_reader(cfg, record),
                             facts=channel.write if channel else None,
-                            await_forensics=_forensics_waiter(cfg, state, attempt))
+                            await_forensics=_forensics_waiter(cfg, state, attempt),
+                            requeue_job=requeue_job if may_requeue else None)
     supervisor.run()
     return 0
 

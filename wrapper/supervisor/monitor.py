@@ -19,6 +19,7 @@ What the epilog acts on (a hang it ended the job for, a GPU fault) it also write
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -46,6 +47,9 @@ class Seen:
     longest_gap: float = 0.0  # the longest time between two of them: the job's cadence
     ended_by_us: str = ""
     faults: set[str] = field(default_factory=set)
+    checkpoint_at: float = 0.0  # when the newest checkpoint was first seen complete
+    save_asked: float = 0.0  # when the save file was touched (0: not yet)
+    requeued: bool = False
 
 
 class Supervisor:
@@ -57,6 +61,7 @@ class Supervisor:
                  gpu_faults: Callable[[], list[str]] | None = None,
                  facts: Callable[[dict[str, Any]], None] | None = None,
                  await_forensics: Callable[[], None] | None = None,
+                 requeue_job: Callable[[], bool] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.record = record
         self.state = state
@@ -68,6 +73,7 @@ class Supervisor:
         self.gpu_faults = gpu_faults
         self.facts = facts
         self.await_forensics = await_forensics  # the node watchers' stacks, before the end
+        self.requeue_job = requeue_job  # None: this job is not requeued on a save
         self.clock = clock
         options = record.job_options
         # --hang-timeout=off is 0; not given: the site's fixed default, else learned
@@ -137,6 +143,7 @@ class Supervisor:
         self.seen.last_progress = now
 
     def run(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.remove_save_file()
         self.event(ev.SupervisorStart.KIND, pid=os.getpid(), hang_timeout_s=self.hang_timeout,
                    checkpoint_dir=self.record.checkpoint_dir)
         while not self.finished:
@@ -163,6 +170,7 @@ class Supervisor:
                              settle_seconds=self.cfg.settle_seconds, now=now).latest
         if found is not None and found.path != self.seen.checkpoint:
             self.seen.checkpoint, self.seen.step = found.path, found.step
+            self.seen.checkpoint_at = now
             self._progress(now)
             self.event(ev.Checkpoint.KIND, path=found.path, step=found.step, layout=found.layout)
 
@@ -180,13 +188,55 @@ class Supervisor:
 
     def _walltime(self, now: float) -> None:
         limit, start = self.record.time_limit_s, self.record.start_time
-        if self.seen.signalled or self.record.asked_signal or not limit or not start:
+        if self.record.asked_signal or not limit or not start:
+            return
+        if self.seen.signalled:
+            self._requeue_when_saved(now, start + limit)
             return
         if now >= start + limit - self.cfg.walltime_lead and \
                 self.signal_job(self.cfg.walltime_signal):
             self.seen.signalled = True
+            touched = self._ask_for_a_save(now)
             self.event(ev.WalltimeSignal.KIND, signal=self.cfg.walltime_signal,
-                       seconds_left=round(start + limit - now))
+                       seconds_left=round(start + limit - now), save_file=touched)
+
+    def _ask_for_a_save(self, now: float) -> str:
+        """Touch the save file (the job user's checkpoint folder, our rights); its path,
+        or "" when the job has no checkpoint folder or the file cannot be made."""
+        from wrapper.restart.resume import save_file
+
+        path = save_file(self.record.checkpoint_dir)
+        if path is None:
+            return ""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            os.close(fd)
+        except OSError as exc:
+            self.logger.warning("supervisor.save_file_unwritable", path=path, error=str(exc))
+            return ""
+        self.seen.save_asked = now
+        return path
+
+    def _requeue_when_saved(self, now: float, limit_at: float) -> None:
+        """Once a checkpoint first seen complete after the save request exists, requeue the
+        job now: the time until the limit would only make steps its next attempt redoes."""
+        seen = self.seen
+        if self.requeue_job is None or seen.requeued or not seen.save_asked \
+                or seen.checkpoint_at <= seen.save_asked or now >= limit_at:
+            return
+        seen.requeued = True  # once, whatever the answer: Slurm's limit is the fallback
+        if self.requeue_job():
+            self.event(ev.WalltimeRequeued.KIND, checkpoint=seen.checkpoint,
+                       seconds_left=round(limit_at - now))
+
+    def remove_save_file(self) -> None:
+        """An earlier attempt's save request is not this one's."""
+        from wrapper.restart.resume import save_file
+
+        path = save_file(self.record.checkpoint_dir)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def _end(self, why: str) -> None:
         if self.seen.ended_by_us:

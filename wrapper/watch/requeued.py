@@ -56,15 +56,23 @@ def requeued_without_jobwrap(attempt: int, job: SlurmJob) -> bool:
 
 
 def hold_back(decision: Decision, verdict: Classification, *, attempt: int, node: str,
-              job: SlurmJob) -> tuple[Decision, ev.RequeuedWithoutJobwrap | None]:
+              job: SlurmJob, saved: str | None = None
+              ) -> tuple[Decision, ev.RequeuedWithoutJobwrap | None]:
     """``decision`` unchanged, or, when the job was requeued without jobwrap, a
     ``requeue`` decision whose reason says so (the caller must not ask Slurm again) and
-    the root event to record."""
+    the root event to record. ``saved``: the checkpoint after which the supervisor says
+    it requeued the job before its time limit (its word: only the wording follows it)."""
     if not requeued_without_jobwrap(attempt, job):
         return decision, None
-    reason = (f"the job was requeued without jobwrap (Slurm's Restarts is {job.restarts} "
-              f"after attempt {attempt}: by the job itself, as Lightning's auto-requeue does, "
-              f"an admin, or Slurm); jobwrap does not requeue it again")
+    if saved is not None:
+        reason = (f"requeued before its time limit by jobwrap's supervisor once the "
+                  f"checkpoint it asked for was saved ({saved or 'unnamed'}; Slurm's "
+                  f"Restarts is {job.restarts}); jobwrap does not requeue it again")
+    else:
+        reason = (f"the job was requeued without jobwrap (Slurm's Restarts is "
+                  f"{job.restarts} after attempt {attempt}: by the job itself, as "
+                  f"Lightning's auto-requeue does, an admin, or Slurm); jobwrap does not "
+                  f"requeue it again")
     event = ev.RequeuedWithoutJobwrap(attempt=attempt, node=node, restarts=job.restarts,
                                       slurm_state=job.state, kind=verdict.kind,
                                       reason=reason)
