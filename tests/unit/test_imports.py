@@ -1,5 +1,10 @@
 """The import contract, read from the source (ast): cli -> hooks -> features -> job/osl/slurm.
 
+Every module of ``wrapper/`` sits in one layer of :data:`LAYERS`; none imports a module
+of a higher layer (lazy imports inside functions count too), and packages import each
+other in no loop but the ones :data:`KNOWN_LOOPS` names (issue 25 removes them; a new
+one fails here).
+
 - the base (``wrapper.job``, ``wrapper.osl``, ``wrapper.slurm``) never imports a hook, a
   feature or the CLI;
 - features never import a hook or the CLI (the hooks call them, not the reverse);
@@ -73,3 +78,90 @@ def test_the_checker_sees_a_violation() -> None:
     tree = ast.parse("from wrapper.hooks.epilog import run\nfrom wrapper.x import _y\n")
     assert list(imports(tree)) == [("wrapper.hooks.epilog", "run"), ("wrapper.x", "_y")]
     assert within("wrapper.hooks.epilog", UPPER) and not within("wrapper.hookshot", UPPER)
+
+
+# Lowest first. A new module must be placed here: the test below fails on one that is not.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # the ground: no jobwrap concept of its own
+    ("wrapper.errors", "wrapper.lean", "wrapper.log", "wrapper.config", "wrapper.runner",
+     "wrapper.osl", "wrapper.directives"),
+    # a job's state, Slurm, starting a detached process
+    ("wrapper.job", "wrapper.slurm", "wrapper.state", "wrapper.jobrecord", "wrapper.detach"),
+    # the features the hooks and commands call
+    ("wrapper.facts", "wrapper.restart", "wrapper.staging", "wrapper.archive",
+     "wrapper.checkpoints", "wrapper.supervisor", "wrapper.gpu", "wrapper.watch",
+     "wrapper.goodput", "wrapper.metrics", "wrapper.notify", "wrapper.loginguard",
+     "wrapper.runloop", "wrapper.release"),
+    # the entry points
+    ("wrapper.hooks", "wrapper.cli", "wrapper.doctor", "wrapper.entry", "wrapper.install_lua",
+     "wrapper.sandbox", "wrapper.__main__"),
+)
+# Package loops that stand today (issue 25's "one home for a job's state" dissolves them).
+KNOWN_LOOPS = ({"wrapper.job", "wrapper.state"}, {"wrapper.archive", "wrapper.goodput"})
+
+
+def layer_of(name: str) -> int | None:
+    return next((i for i, packages in enumerate(LAYERS) if within(name, packages)), None)
+
+
+def test_every_module_has_a_layer_and_imports_none_above_it() -> None:
+    unplaced = [mod for mod, _tree in modules() if mod != "wrapper" and layer_of(mod) is None]
+    assert unplaced == [], "place these in LAYERS (tests/unit/test_imports.py)"
+    upward = []
+    for mod, tree in modules():
+        here = layer_of(mod)
+        for target, name in imports(tree):
+            if not target.startswith("wrapper."):
+                continue
+            there = layer_of(f"{target}.{name}" if name else target)
+            there = layer_of(target) if there is None else there
+            if here is not None and there is not None and there > here:
+                upward.append(f"{mod} imports {target}")
+    assert upward == []
+
+
+def package_loops(edges: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected groups of more than one package (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(edges.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                loops.append(group)
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return loops
+
+
+def test_packages_import_each_other_in_no_new_loop() -> None:
+    edges: dict[str, set[str]] = {}
+    for mod, tree in modules():
+        for target, name in imports(tree):
+            full = f"{target}.{name}" if target == "wrapper" and name else target
+            if full.startswith("wrapper.") and top(full) != top(mod):
+                edges.setdefault(top(mod), set()).add(top(full))
+    assert [loop for loop in package_loops(edges) if loop not in KNOWN_LOOPS] == []
+
+
+def test_the_loop_finder_finds_a_loop() -> None:
+    assert package_loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert package_loops({"a": {"b"}, "b": set()}) == []
