@@ -111,9 +111,10 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
                     seconds=round(time.monotonic() - started, 2))
         if state.stopping:
             return status if status >= 0 else 128 + sig
+        faulty: dict[str, str] | None = None  # asked of Slurm at most once per failure
         if status != 0 and spares is not None:
-            moved = spares.replace_faulty(cfg, base_attempt, say)
-            if moved:
+            faulty = faulty_nodes(cfg, base_attempt, nodes=spares.nodes)
+            if faulty and spares.replace_faulty(cfg, faulty, say):
                 attempt, swaps = attempt + 1, swaps + 1
                 continue
         # srun's own words tell a rank's segfault from its kill where srun's status is the
@@ -132,8 +133,8 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
             + ("restarting in place" if decision.requeue else f"stopping: {decision.reason}"))
         if not decision.requeue:
             return code if code else 128 + sig
-        faulty = faulty_nodes(cfg, base_attempt,
-                              nodes=spares.nodes if spares is not None else None)
+        if faulty is None:
+            faulty = faulty_nodes(cfg, base_attempt)
         if faulty:  # never restart in place on a node root found faulty: the queue's turn
             where = "; ".join(f"{node}: {why}" for node, why in sorted(faulty.items()))
             say(f"jobwrap run: not restarting in place: a node of the job is faulty ({where}); "
@@ -256,18 +257,18 @@ class Spares:
             env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(int(per_node) * self.working)
         return env
 
-    def replace_faulty(self, cfg: Config, attempt: int, say: Callable[[str], None],
-                       backend: SlurmBackend | None = None) -> bool:
-        """After a failed run: when root or Slurm found working nodes faulty and spares
-        are left, give those nodes back and move the work onto spares (True); else False,
-        and the usual path decides (a restart in place, or the epilog's requeue)."""
+    def replace_faulty(self, cfg: Config, faulty: Mapping[str, str],
+                       say: Callable[[str], None], backend: SlurmBackend | None = None) -> bool:
+        """After a failed run, ``faulty`` (:func:`faulty_nodes` of the working nodes)
+        given: when spares are left, give those nodes back and move the work onto spares
+        (True); else False, and the usual path decides (a restart in place, or the
+        epilog's requeue)."""
+        if not faulty:
+            return False
         if backend is None:
             from wrapper import slurm
 
             backend = slurm.backend(cfg.slurm)
-        faulty = faulty_nodes(cfg, attempt, backend, nodes=self.nodes)
-        if not faulty:
-            return False
         keep = [n for n in self.nodes if n not in faulty]
         where = "; ".join(f"{node}: {why}" for node, why in sorted(faulty.items()))
         if len(keep) < self.working:
@@ -295,7 +296,8 @@ class Spares:
         from wrapper.job import events as ev
 
         _record(cfg, job_id, ev.SpareUsed(
-            attempt=attempt, node=os.environ.get("SLURMD_NODENAME", ""),
+            attempt=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+            node=os.environ.get("SLURMD_NODENAME", ""),
             failed=sorted(faulty), reason=where[:400], replaced_by=took,
             spares_left=self.left, working=self.working))
         return True

@@ -177,7 +177,7 @@ def test_spares_keep_the_commands_steps_on_the_working_nodes(
 
 def test_a_faulty_node_is_given_back_and_a_spare_takes_its_place(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from wrapper.runloop import Spares
+    from wrapper.runloop import Spares, faulty_nodes
     from wrapper.slurm.fake import FakeSlurm
 
     cfg, state = _spare_job(tmp_path, monkeypatch, "n[1-4]")
@@ -187,10 +187,16 @@ def test_a_faulty_node_is_given_back_and_a_spare_takes_its_place(
     spares = Spares.of(parse_args(["--spare-nodes=2"]), os.environ)
     assert spares is not None
     said: list[str] = []
-    assert not spares.replace_faulty(cfg, 0, said.append, slurm)  # nothing faulty: no move
+
+    def replace() -> bool:  # as jobwrap run does: the faults read once, then the move
+        assert spares is not None
+        return spares.replace_faulty(cfg, faulty_nodes(cfg, 0, slurm, nodes=spares.nodes),
+                                     said.append, slurm)
+
+    assert not replace()  # nothing faulty: no move
     assert ("shrink_job", JOB, "n1", "n2", "n4") not in slurm.calls
     JobStore(state).record(ev.WatchFault(node="n2", attempt=0, reason="xid 79 on gpu0"))
-    assert spares.replace_faulty(cfg, 0, said.append, slurm)
+    assert replace()
     assert slurm.calls[-1] == ("shrink_job", JOB, "n1", "n3", "n4")
     assert (spares.nodes, spares.left) == (["n1", "n3", "n4"], 1)
     assert "spare n3 took its place; 1 spare left" in said[-1]
@@ -199,14 +205,14 @@ def test_a_faulty_node_is_given_back_and_a_spare_takes_its_place(
     # a lost node and a drained one at once: one spare left, two needed -> no move
     slurm.nodes["n1"] = {"State": "DOWN*", "Reason": "Not responding"}
     slurm.nodes["n3"] = {"State": "MIXED+DRAIN", "Reason": "jobwrap: row_remap gpu0"}
-    assert not spares.replace_faulty(cfg, 0, said.append, slurm)
+    assert not replace()
     assert "no spare node left for n1: Slurm lost it" in said[-1]
     assert spares.nodes == ["n1", "n3", "n4"]
     # a node Slurm lost under --no-kill has left the allocation: nothing to give back
     slurm.nodes["n3"] = dict(healthy)
     slurm.jobs[JOB]["NodeList"] = "n[3-4]"
     calls = len(slurm.calls)
-    assert spares.replace_faulty(cfg, 0, said.append, slurm)
+    assert replace()
     assert not [c for c in slurm.calls[calls:] if c[0] == "shrink_job"]
     assert (spares.nodes, spares.left) == (["n3", "n4"], 0)
 
@@ -216,15 +222,21 @@ def test_run_moves_onto_a_spare_without_spending_a_restart(
     import wrapper.runloop as runloop
 
     _spare_job(tmp_path, monkeypatch)
-    moves: list[int] = []
+    moves: list[dict[str, str]] = []
+    asked: list[int] = []
 
-    def replace_faulty(self: runloop.Spares, cfg: Config, attempt: int, say: object) -> bool:
-        moves.append(attempt)
+    def replace_faulty(self: runloop.Spares, cfg: Config, faulty: dict[str, str],
+                       say: object) -> bool:
+        moves.append(faulty)
         self.nodes = ["n1", "n3"]
-        return len(moves) == 1  # the first failure was a node's; the second the job's
+        return True
+
+    def faulty_nodes(cfg: Config, attempt: int, nodes: object = None) -> dict[str, str]:
+        asked.append(attempt)  # the first failure was a node's; the later ones the job's
+        return {"n2": "xid"} if len(asked) == 1 else {}
 
     monkeypatch.setattr(runloop.Spares, "replace_faulty", replace_faulty)
-    monkeypatch.setattr(runloop, "faulty_nodes", lambda cfg, attempt, nodes=None: {})
+    monkeypatch.setattr(runloop, "faulty_nodes", faulty_nodes)
     marker = tmp_path / "runs"
     said: list[str] = []
     code = run(["sh", "-c", f"echo $SLURM_JOB_NUM_NODES:$SLURM_JOB_NODELIST >> {marker}; "
@@ -234,7 +246,8 @@ def test_run_moves_onto_a_spare_without_spending_a_restart(
     # the node's failure moved the work (no restart spent); the job's own error then
     # had its one restart, and the same error a third time stopped it
     assert marker.read_text().splitlines() == ["2:n1,n2,n3", "2:n1,n3", "2:n1,n3"]
-    assert moves == [0, 0, 0]
+    assert moves == [{"n2": "xid"}]
+    assert len(asked) == 3  # Slurm asked once per failed run, not twice
 
 
 def test_a_node_given_back_by_a_running_job_makes_no_decision(tmp_path: Path) -> None:
