@@ -181,3 +181,20 @@ def test_real_kills_with_no_progress_stop() -> None:
                   history=[PastAttempt(0, "killed", "killed", 4)], checkpoint_step=4,
                   checkpoint_path="c4")
     assert stop.action == "stop" and "no checkpoint progress" in stop.reason, stop
+
+
+@pytest.mark.parametrize("tail", [
+    "Out of memory: Killed process 4242 (python) total-vm:1234kB\n",
+    "oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/slurm_n1/uid_1001/job_7\n",
+    "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+    "MemoryError\n"])
+def test_an_oom_message_without_an_oom_kill_is_not_host_oom(tail: str) -> None:
+    """Issue 24, item 2: host_oom rests on root's facts (Slurm's OUT_OF_MEMORY, the job's
+    memory cgroup, the kernel's own log), not on words the job can print."""
+    said = classify(Evidence(exit_code=1, output_tail=tail))
+    assert said.kind == "user_error", said
+    assert "out-of-memory kill in the output" in said.detail or "MemoryError" in said.detail
+    seen = classify(Evidence(exit_code=1, output_tail=tail, oom_kill="cgroup X: oom_kill 1"))
+    assert seen.kind == "host_oom"
+    assert classify(Evidence(exit_code=0, exit_signal=9, slurm_state="OUT_OF_MEMORY",
+                             output_tail=tail)).kind == "host_oom"

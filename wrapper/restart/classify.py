@@ -64,6 +64,11 @@ SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
                           r"oom_kill_process|MemoryError\b")),
 )
 
+# Classes the output alone may not pick: what it names instead, as unconfirmed.
+UNCONFIRMED_IN_OUTPUT = {HARDWARE: "the GPU error in the output",
+                         HOST_OOM: "the out-of-memory kill in the output (no OOM kill "
+                                   "recorded for the job)"}
+
 
 @dataclass(frozen=True)
 class Evidence:
@@ -148,8 +153,10 @@ def classify(ev: Evidence) -> Classification:
             continue
         if match:
             line = _line_of(ev.output_tail, match)
-            if kind == HARDWARE:  # the job's own words: not hardware unless root confirms
-                unconfirmed.append("the GPU error in the output")
+            # The job's own words: not hardware, nor an OOM kill, unless root saw it
+            # (its GPU check; Slurm's OUT_OF_MEMORY or the job's memory cgroup, above).
+            if kind in UNCONFIRMED_IN_OUTPUT:
+                unconfirmed.append(UNCONFIRMED_IN_OUTPUT[kind])
                 last = line
                 continue
             return Classification(kind, f"output says: {line}", f"{kind}:{_normalise(line)}")
