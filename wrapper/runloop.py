@@ -314,10 +314,10 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None,
     if not job_id.isdigit():
         return {}
     from wrapper.errors import JobwrapError
+    from wrapper.restart.remote import faults_elsewhere, node_records
     from wrapper.slurm.parse import expand_hostlist
     from wrapper.slurm.records import node_lost
     from wrapper.state import for_job
-    from wrapper.watch.remote import faults_elsewhere, node_records
 
     try:
         if nodes is None:

@@ -20,9 +20,9 @@ from wrapper.job import events as ev
 from wrapper.job.store import JobStore
 from wrapper.restart.classify import Classification
 from wrapper.restart.policy import Decision
+from wrapper.restart.requeued import ended_attempt, hold_back, requeued_without_jobwrap
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.records import SlurmJob
-from wrapper.watch.requeued import ended_attempt, hold_back, requeued_without_jobwrap
 
 
 def _decide(tmp_path: Path, kind: str, restarts: str | None

@@ -8,14 +8,13 @@ from pathlib import Path
 from wrapper import config
 from wrapper.config import SlurmConfig
 from wrapper.restart.classify import Classification
+from wrapper.restart.remote import faults_elsewhere, with_remote_faults
 from wrapper.sandbox import gpus
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.commands import CliBackend
 from wrapper.slurm.context import JobContext
-from wrapper.watch.decide import with_remote_faults
 from wrapper.watch.feed import Fault, Watcher
 from wrapper.watch.process import read_faults
-from wrapper.watch.remote import faults_elsewhere
 
 
 class Clock:

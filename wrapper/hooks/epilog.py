@@ -7,16 +7,14 @@ events and the supervisor's root-owned channel (``wrapper.facts``); a GPU fault 
 reports is hardware only once root's probe confirms it. A stage-out that did not bring
 everything back keeps the scratch in quarantine instead of removing it.
 
-This module keeps only the order of things: the evidence is gathered by
-``wrapper.restart.evidence``, judged by the pure ``classify`` and ``policy``, and acted
-on by ``wrapper.restart.apply`` (record, requeue and release, tell the job).
+This module keeps only the order of things: which attempt ended, the decision and its
+acts are ``wrapper.restart`` (``requeued.ended_attempt``, ``attempt.decide``, ``attempt.act``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -46,7 +44,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     store = JobStore(state)
     # The prolog normally made the directory; an epilog after a failed prolog must not fail.
     state.prepare(ctx.uid, ctx.gid)
-    from wrapper.watch.requeued import ended_attempt
+    from wrapper.restart.requeued import ended_attempt
 
     ctx = ended_attempt(ctx, store)  # Slurm counts a requeue the job made itself at once
     store.record(ev.EpilogContext(node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
@@ -184,75 +182,37 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
                    record: jobrecord.JobRecord, backend: SlurmBackend, *,
                    gpu_check_failed: bool, gpu_checked: bool = True,
                    services: Services | None = None) -> tuple[Decision, dict[str, str]]:
-    """Gather, classify, decide, act; returns the decision and Slurm's job record.
+    """Decide and act on the attempt's end (``wrapper.restart.attempt``), then tell the
+    metrics, the goodput ledger and the job; returns the decision and Slurm's job record.
 
     ``gpu_check_failed``: root's post-job check on this node failed; ``gpu_checked``:
     it ran (else a reported GPU fault is confirmed by a probe of root's own here).
     """
-    from wrapper.osl.users import UserIds
-    from wrapper.restart import apply, evidence, resume
-    from wrapper.restart.classify import classify
-    from wrapper.restart.policy import decide, suspect
+    from wrapper.restart import apply, attempt
 
     store = JobStore(state)
-    user = UserIds.of(record.uid, record.gid)
-    gathered = evidence.gather(ctx, cfg, store, record, backend, user,
-                               gpu_check_failed=gpu_check_failed, gpu_checked=gpu_checked,
-                               confirm=services.gpu_confirm if services else None)
-    verdict = classify(gathered.evidence)
-    from wrapper.facts import root_events
-    from wrapper.watch.decide import with_remote_faults
-
-    # A fault a watcher found on another node of the job: hardware, that node excluded.
-    verdict, remote = with_remote_faults(verdict, backend, ctx, root_events(state),
-                                         gathered.info)
-    options, checkpoint = record.job_options, gathered.checkpoint
-    resumed, older = gathered.resumed, gathered.older
-    fallback = (resumed.path, older.path) if resumed and older and suspect(
-        verdict, resumed_from=resumed.path,
-        checkpoint_path=checkpoint.path if checkpoint else None) else None
-    decision = decide(verdict, attempt=ctx.attempt, max_restarts=resume.max_restarts(options, cfg),
-                      # sbatch --no-requeue (or a site's job_submit): Slurm would refuse.
-                      no_requeue=options.no_requeue or not gathered.job.requeue_allowed,
-                      history=gathered.history,
-                      checkpoint_step=checkpoint.step if checkpoint else None,
-                      checkpoint_path=checkpoint.path if checkpoint else None,
-                      node="" if remote else ctx.node,
-                      no_progress_limit=cfg.restart.no_progress_limit, fallback=fallback)
-    if remote and decision.requeue:  # exclude the faulty nodes, not this healthy one
-        decision = replace(decision, exclude_nodes=sorted(remote))
-    from wrapper.watch.requeued import hold_back  # the job requeued itself (Lightning)
-
-    saved = next((e for e in store.events() if isinstance(e, ev.WalltimeRequeued)
-                  and e.attempt == ctx.attempt), None)  # the supervisor's word: wording only
-    decision, external = hold_back(decision, verdict, attempt=ctx.attempt, node=ctx.node,
-                                   job=gathered.job,
-                                   saved=saved.checkpoint or "" if saved else None)
-    if external is not None:
-        store.record(external)
-    if fallback is not None:
-        apply.record_suspect(store, ctx, verdict, gathered)
-    apply.record(store, ctx, verdict, decision, gathered)
+    outcome = attempt.decide(ctx, cfg, store, record, backend,
+                             gpu_check_failed=gpu_check_failed, gpu_checked=gpu_checked,
+                             confirm=services.gpu_confirm if services else None)
+    attempt.act(ctx, cfg, store, backend, outcome,
+                spawn=services.spawn if services else None)
+    verdict, decision = outcome.verdict, outcome.decision
     if cfg.metrics.textfile and verdict.kind != "success":
         from wrapper import metrics
 
         metrics.record_failure(cfg.metrics, verdict.kind, requeued=decision.requeue,
                                node=ctx.node)
-    if decision.requeue:
-        apply.requeue(ctx, cfg, store, backend, decision,
-                      spawn=services.spawn if services else None,
-                      already_requeued=external is not None)
     from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
 
     after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
                   decision=decision.action, reason=decision.reason, user=record.user)
     used_run = any(isinstance(e, ev.RunStarted) for e in store.user_claims(ctx.attempt))
-    apply.tell_the_job(ctx, record, user, verdict, decision,
+    apply.tell_the_job(ctx, record, outcome.user, verdict, decision,
                        apply.in_place_hint(verdict, decision, used_run=used_run))
     from wrapper.watch.forensics import conclude
 
-    conclude(state, ctx.job_id, ctx.attempt, record.stdout, user)  # a hang's stuck rank(s)
-    return decision, gathered.info
+    conclude(state, ctx.job_id, ctx.attempt, record.stdout, outcome.user)  # a hang's rank(s)
+    return decision, outcome.gathered.info
 
 
 def _prune_user_files(cfg: Config) -> None:

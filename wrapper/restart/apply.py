@@ -65,7 +65,7 @@ def requeue(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend
             decision: Decision, spawn: Spawner | None = None,
             already_requeued: bool = False) -> bool:
     """Requeue the job and start its release; a refusal is recorded, never raised.
-    ``already_requeued``: Slurm requeued it without jobwrap (``wrapper.watch.requeued``):
+    ``already_requeued``: Slurm requeued it without jobwrap (``wrapper.restart.requeued``):
     only the release."""
     from wrapper import detach
 

@@ -9,7 +9,7 @@ the sandbox) every ``[supervisor] gpu_interval``. On a fault it records a root e
 (``watch.fault``), drains the node with the precise reason (so the job's first node learns
 of it from Slurm, which every node can ask) and ends the job; the epilog of that node
 drains it again after its own post-job check, and the first node's decision classes the
-attempt ``hardware`` and excludes the faulty node (``wrapper.watch.remote``).
+attempt ``hardware`` and excludes the faulty node (``wrapper.restart.remote``).
 
 It ends by itself: when the epilog of its node stops it, when Slurm says the attempt no
 longer runs, or when Slurm stays unreachable for ``slurm_unreachable``. Nothing of the

@@ -1,10 +1,21 @@
-"""The first node's decision, told of faults the watchers found on the job's other nodes."""
+"""The first node's decision, told of what happened on the job's other nodes, from root's
+sources only: faults a watcher found there, nodes Slurm lost.
+
+A node's watcher drains its node with the fault's reason before it ends the job, so by the
+time the first node's epilog decides, Slurm already shows it: a node of this job that is
+drained (or draining) with a ``jobwrap:`` reason. Root's own ``watch.fault`` events (in a
+state folder the nodes share) say the same where they are visible. The job's user can
+neither set a node's state in Slurm nor write root's events.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from wrapper import log
+from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
 from wrapper.job.events import PrologContext
 from wrapper.restart.classify import HARDWARE, NODE_FAILURE, SUCCESS, Classification
 from wrapper.slurm import SlurmBackend
@@ -34,8 +45,6 @@ def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobC
     if verdict.kind == HARDWARE or (verdict.kind == SUCCESS and not signalled) \
             or len(ctx.nodes) < 2:
         return verdict, {}
-    from wrapper.watch.remote import faults_elsewhere
-
     remote = faults_elsewhere(backend, ctx.nodes, ctx.node, ctx.attempt, root_events)
     if not remote:
         return verdict, {}
@@ -53,15 +62,13 @@ def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, s
     looks like an exit 0). ``since``: the attempt's start (root's prolog record); a node
     whose slurmd started after it was lost and is back already (it rebooted, or its
     slurmd was restarted) before this epilog asked."""
+    from wrapper.restart.requeued import requeued_without_jobwrap
     from wrapper.slurm.records import SlurmJob, node_lost
-    from wrapper.watch.requeued import requeued_without_jobwrap
 
     job = SlurmJob.of(slurm_job)
     if len(ctx.nodes) < 2 or not (job.final_state == "NODE_FAIL"
                                   or requeued_without_jobwrap(ctx.attempt, job)):
         return {}
-    from wrapper.watch.remote import node_records
-
     found: dict[str, str] = {}
     for node, info in node_records(backend, ctx.nodes, ctx.node):
         if node_lost(info):
@@ -71,3 +78,39 @@ def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, s
             found[node] = (f"{info.get('State', '')}, back: its slurmd started again at "
                            f"{info.get('SlurmdStartTime', '?')}, during the attempt")
     return found
+
+
+def faults_elsewhere(backend: SlurmBackend, nodes: Sequence[str], here: str, attempt: int,
+                     root_events: Iterable[dict[str, Any]],
+                     records: Mapping[str, dict[str, str]] | None = None) -> dict[str, str]:
+    """``{node: drain reason}`` for the job's other nodes a fault ended this attempt on.
+    ``records``: Slurm's node records already read (else asked here, in one call)."""
+    found: dict[str, str] = {}
+    for e in root_events:
+        node = str(e.get("node", ""))
+        if e.get("event") == ev.WatchFault.KIND and e.get("attempt") == attempt and node != here \
+                and node in nodes:
+            found[node] = str(e.get("reason", "a GPU fault"))
+    rest = [n for n in nodes if n not in found]
+    pairs = [(n, records[n]) for n in rest if n in records and n != here] \
+        if records is not None else node_records(backend, rest, here)
+    for node, info in pairs:
+        reason = info.get("Reason", "")
+        if "DRAIN" in info.get("State", "").upper() and reason.startswith("jobwrap:"):
+            found[node] = reason.split(" [", 1)[0]  # Slurm appends " [user@time]"
+    return found
+
+
+def node_records(backend: SlurmBackend, nodes: Sequence[str], here: str
+                 ) -> Iterable[tuple[str, dict[str, str]]]:
+    """Slurm's record of each of ``nodes`` but ``here``, asked in one call (unreadable:
+    logged, none; a node missing from the answer: skipped)."""
+    wanted = [n for n in nodes if n != here]
+    if not wanted:
+        return []
+    try:
+        found = backend.nodes_info(wanted)
+    except JobwrapError as exc:
+        log.get().warning("watch.node_unreadable", node=",".join(wanted)[:200], error=str(exc))
+        return []
+    return [(n, found[n]) for n in wanted if n in found]
