@@ -28,7 +28,8 @@ from typing import Any
 from wrapper.errors import JobwrapError
 from wrapper.lean import dataclass
 from wrapper.runner import Runner
-from wrapper.sandbox import flavor
+from wrapper.sandbox import containment, flavor
+from wrapper.sandbox.containment import mode_from_env as containment_mode
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "python3-venv"]
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "scontrol", "munged"]
@@ -36,6 +37,9 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
                    "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 DEFAULT_BASE = Path("/tmp/jobwrap-sandbox")
 RECORD = "sandbox.json"
+# Memory is allocated and, under ConstrainRAMSpace, enforced per job as sites do
+# (CR_Core_Memory): each node offers this much, shared out per CPU by default.
+NODE_MEMORY_MB = 6000
 
 
 class SandboxError(JobwrapError):
@@ -64,6 +68,8 @@ class Spec:
     # "" Debian's Slurm; else a built one's prefix (flavor.PREFIX_VARIABLE)
     slurm_prefix: str = field(default_factory=flavor.prefix_from_env)
     accounting: bool = False  # slurmdbd + MariaDB (wrapper/sandbox/accounting.py)
+    # "cgroup" (what sites run) or "none" (containment.VARIABLE)
+    containment: str = field(default_factory=containment_mode)
     db_port: int = 16820
     dbd_port: int = 16819
 
@@ -142,6 +148,7 @@ class Cluster:
                 f"without accounting: SchedulerParameters {workaround}, as its main "
                 "scheduler refuses every job (InvalidAccount) and only backfill starts "
                 "jobs (docs/compat.md)")
+        log(self.containment().line)
         log("installing this checkout into the sandbox runtime ...")
         with ticking(log, "installing the runtime"):
             self._install_runtime()
@@ -285,12 +292,22 @@ class Cluster:
             if not stat.S_ISLNK(mode):
                 os.chmod(path, (mode | 0o444 | (0o111 if mode & 0o111 else 0)) & ~0o022)
 
+    def containment(self) -> containment.Plan:
+        """The process containment this cluster's Slurm runs (decided from the host)."""
+        return containment.plan(self.spec.containment)
+
+    def _first_job_id(self) -> int:
+        """Job ids of their own for each sandbox: cgroup v1 paths are host-wide
+        (slurm_NODE/uid_U/job_J), so two sandboxes on one host must not share job ids."""
+        return 1000 * self.spec.ctld_port
+
     def _write_configs(self) -> None:
         host = socket.gethostname().split(".")[0]
         spec = self.spec
+        contain = self.containment()
         nodes = "\n".join(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
-            f"CPUs={spec.cpus_per_node} RealMemory=2000 Gres=gpu:{spec.gpus_per_node} "
+            f"CPUs={spec.cpus_per_node} RealMemory={NODE_MEMORY_MB} Gres=gpu:{spec.gpus_per_node} "
             f"Weight={weight} State=UNKNOWN"  # idle nodes are filled in order: n1 first
             for weight, (name, port) in enumerate(zip(spec.nodes, spec.node_ports,
                                                       strict=True), start=1))
@@ -316,21 +333,19 @@ SlurmctldLogFile={b}/log/slurmctld.log
 SlurmdLogFile={b}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-{storage}JobCompType=jobcomp/none
+{contain.slurm_lines}{storage}JobCompType=jobcomp/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU={NODE_MEMORY_MB // spec.cpus_per_node}
 SchedulerType=sched/backfill
 SchedulerParameters={scheduler}
 ReturnToService=2
 Prolog={rt}/prolog/prolog
 Epilog={rt}/epilog/epilog
 TaskProlog={rt}/prolog/task-prolog
-PrologFlags=Alloc
 PrologEpilogTimeout=120
 JobRequeue=1
+FirstJobId={self._first_job_id()}
 MinJobAge=3600
 KillWait=5
 InactiveLimit=0
@@ -343,6 +358,11 @@ JobSubmitPlugins=lua
 {nodes}
 PartitionName=debug Nodes={','.join(spec.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
+        cgroup_conf = b / "etc" / "cgroup.conf"
+        if contain.cgroup_conf:
+            cgroup_conf.write_text(contain.cgroup_conf)
+        else:
+            cgroup_conf.unlink(missing_ok=True)
         (b / "etc" / "gres.conf").write_text(
             f"NodeName={','.join(spec.nodes)} Name=gpu "
             f"File={b}/dev/nvidia[0-{spec.gpus_per_node - 1}]\n")
@@ -376,7 +396,9 @@ textfile = "{b}/jobwrap/metrics/jobwrap.prom"
 prolog_budget = 60
 epilog_budget = 100
 """)
-        for path in (self.conf, b / "etc" / "gres.conf", self.jobwrap_config):
+        for path in (self.conf, b / "etc" / "gres.conf", self.jobwrap_config, cgroup_conf):
+            if not path.exists():
+                continue
             os.chmod(path, 0o644)
         # jobwrap's submit-time checks, beside slurm.conf where slurmctld looks for them
         from wrapper import config
