@@ -214,6 +214,37 @@ class CliBackend:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        """Set the job's AdminComment (only an admin or root can: the user cannot forge it).
+
+        slurmctld takes it while the job is still its own (a requeued attempt); once the job
+        has finished (the epilog of its last attempt runs while it completes) only the
+        database can, through ``sacctmgr modify job``: at most two bounded commands.
+        """
+        job = _job_id(job_id)
+        try:
+            self._scontrol("update", f"JobId={job}", f"AdminComment={text}")
+            return
+        except SlurmError as exc:
+            first = str(exc)
+        argv = [self._sacctmgr(), "-i", "modify", "job", "where", f"jobid={job}", "set",
+                f"AdminComment={text}"]
+        try:
+            self.runner.run(argv, timeout=self.config.command_timeout)
+        except CommandError as exc:
+            raise SlurmError(f"{first}; and then {exc}") from None
+
+    def _sacctmgr(self) -> str:
+        """sacctmgr beside the configured scontrol (the same Slurm), else on PATH."""
+        import os
+
+        scontrol = self.config.scontrol_command
+        if os.sep in scontrol:
+            sibling = os.path.join(os.path.dirname(scontrol), "sacctmgr")
+            if os.access(sibling, os.X_OK):
+                return sibling
+        return "sacctmgr"
+
     def exclude_nodes(self, job_id: str, nodes: list[str]) -> list[str]:
         """Add nodes to a pending job's excluded nodes; returns the whole excluded list."""
         job = _job_id(job_id)
