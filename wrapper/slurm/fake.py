@@ -91,5 +91,11 @@ class FakeSlurm:
             raise SlurmError(f"job {job_id}: Invalid job id specified")
         self.jobs[job_id]["AdminComment"] = text
 
+    def recall_abilities(self, state_dir: str) -> None:
+        pass  # a fake has no scontrol to find out about
+
+    def remember_abilities(self, state_dir: str) -> None:
+        pass
+
     def did(self, what: str) -> list[tuple[str, ...]]:
         return [c for c in self.calls if c[0] == what]
