@@ -31,6 +31,7 @@ from wrapper.config import Config
 from wrapper.errors import StateError
 from wrapper.job.events import FACT_KINDS
 from wrapper.job.paths import SUPERVISOR_FACTS
+from wrapper.osl.files import owned_alone
 from wrapper.state import JobState
 
 # The supervisor's reports the epilog acts on; each also goes to the user's event file
@@ -98,8 +99,7 @@ def supervisor_facts(state: JobState, attempt: int) -> tuple[str, ...]:
         return ()
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() \
-                or info.st_mode & 0o022:
+        if not stat.S_ISREG(info.st_mode) or not owned_alone(info):
             return ()
         os.lseek(fd, max(0, info.st_size - MAX_READ), os.SEEK_SET)
         data = os.read(fd, MAX_READ)

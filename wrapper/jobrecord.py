@@ -9,7 +9,6 @@ docs/upgrades.md: fields are only ever added within a format, and a newer one is
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import asdict, field
 from typing import Any
@@ -20,10 +19,11 @@ from wrapper.job.paths import RECORD as RECORD
 from wrapper.lean import dataclass
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
+from wrapper.slurm.parse import asks_signal
+from wrapper.slurm.records import slurm_timestamp, time_limit_seconds
 from wrapper.state import JobState
 
 RECORD_FORMAT = 1  # job.json's "format" (docs/upgrades.md)
-_SIGNAL_DIRECTIVE = re.compile(r"^#SBATCH\b.*--signal[= ]", re.M)
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,10 @@ def _build(ctx: JobContext, info: dict[str, str], script: str) -> JobRecord:
         job_id=ctx.job_id, user=ctx.user, uid=ctx.uid if ctx.uid is not None else -1,
         gid=ctx.gid if ctx.gid is not None else -1, nodes=ctx.nodes, gpus=ctx.gpus,
         work_dir=info.get("WorkDir") or ctx.work_dir, stdout=info.get("StdOut", ""),
-        stderr=info.get("StdErr", ""), time_limit_s=parse_time_limit(info.get("TimeLimit", "")),
-        start_time=parse_slurm_time(info.get("StartTime", "")),
-        asked_signal=bool(_SIGNAL_DIRECTIVE.search(script)), options=options.as_dict(),
+        stderr=info.get("StdErr", ""),
+        time_limit_s=time_limit_seconds(info.get("TimeLimit", "")),
+        start_time=slurm_timestamp(info.get("StartTime", "")),
+        asked_signal=asks_signal(script), options=options.as_dict(),
         options_error=error,
     )
 
@@ -143,32 +144,3 @@ def load(state: JobState) -> JobRecord:
                            "writes it; did it run?)")
     format_of(data, "format", known=RECORD_FORMAT, path=state.path / RECORD, what="job record")
     return JobRecord.from_dict(data)
-
-
-def parse_time_limit(text: str) -> float | None:
-    """Slurm's TimeLimit (``UNLIMITED``, ``30:00``, ``1-02:00:00``) in seconds."""
-    from wrapper.directives import parse_duration
-
-    text = text.strip()
-    if not text or text.upper() in ("UNLIMITED", "INFINITE", "NONE", "PARTITION_LIMIT"):
-        return None
-    if ":" in text and "-" not in text and text.count(":") == 1:
-        text = "00:" + text  # MM:SS
-    try:
-        return parse_duration(text)
-    except ValueError:
-        return None
-
-
-def parse_slurm_time(text: str) -> float | None:
-    """Slurm's local ``2026-12-02T16:30:42`` as a timestamp (None for ``Unknown``).
-
-    datetime, not time.strptime: strptime's first call imports locale machinery that
-    costs the prolog a tenth of its budget.
-    """
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        return None

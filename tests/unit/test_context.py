@@ -68,16 +68,16 @@ ENV_25 = {**PROLOG_ENV, "SLURM_JOB_START_TIME": "1700000000",
 def test_slurm_25_environment_answers_what_the_prolog_asked_slurmctld() -> None:
     from datetime import datetime
 
-    from wrapper.jobrecord import parse_slurm_time, parse_time_limit
     from wrapper.slurm.context import known_info
+    from wrapper.slurm.records import slurm_timestamp, time_limit_seconds
 
     info = known_info(from_env("prolog", ENV_25))
     assert info is not None
     assert info["StdOut"] == "/home/alice/job-17.out"
     assert info["StdErr"] == "/logs/alice-0017.err"
     assert info["WorkDir"] == "/home/alice"
-    assert parse_time_limit(info["TimeLimit"]) == 90 * 60
-    assert parse_slurm_time(info["StartTime"]) == 1700000000
+    assert time_limit_seconds(info["TimeLimit"]) == 90 * 60
+    assert slurm_timestamp(info["StartTime"]) == 1700000000
     assert datetime.fromisoformat(info["StartTime"])
 
 

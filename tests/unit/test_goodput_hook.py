@@ -13,16 +13,14 @@ from wrapper import config as config_mod
 from wrapper.archive import archive_attempt
 from wrapper.goodput.hook import after_attempt, attempt_records, ledger_of
 from wrapper.osl.users import UserIds
+from wrapper.slurm.fake import FakeSlurm
 from wrapper.state import JobState
 
 __all__ = ["shared", "user"]  # fixtures, used by name
 
 
 def _cfg(tmp_path: Path, extra: str = "") -> config_mod.Config:
-    # Slurm is not running in the unit tier: the AdminComment's scontrol fails, as it
-    # does when slurmctld is down, and the hook goes on.
-    text = f'[metrics]\ntextfile = "{tmp_path / "m.prom"}"\n[slurm]\n' \
-           f'scontrol_command = "/bin/false"\n{extra}'
+    text = f'[metrics]\ntextfile = "{tmp_path / "m.prom"}"\n{extra}'
     return config_mod.parse(text.encode(), str(tmp_path / "config.toml"))
 
 
@@ -37,11 +35,15 @@ def test_each_attempt_end_exports_its_share_of_the_ledger(tmp_path: Path) -> Non
     state.prepare(None, None)
     state.append("prolog.context", attempt=0, node="n1", context={"nodes": ["n1"]})
     state.append("attempt.end", attempt=0, node="n1", kind="hang", decision="requeue")
-    first = after_attempt(cfg, state, attempt=0, node="n1", kind="hang", decision="requeue")
+    slurm = FakeSlurm(jobs={"7": {"JobId": "7"}})
+    first = after_attempt(cfg, state, slurm, attempt=0, node="n1", kind="hang",
+                          decision="requeue")
     assert first is not None and first.failures == 1
+    assert slurm.jobs["7"]["AdminComment"] == "jobwrap: a0=hang/requeue ettr=0.00"
     state.append("prolog.context", attempt=1, node="n1", context={"nodes": ["n1"]})
     state.append("attempt.end", attempt=1, node="n1", kind="success", decision="done")
-    second = after_attempt(cfg, state, attempt=1, node="n1", kind="success", decision="done")
+    second = after_attempt(cfg, state, slurm, attempt=1, node="n1", kind="success",
+                           decision="done")
     assert second is not None
     series = _series(tmp_path / "m.prom")
     node = (("node", "n1"),)
@@ -53,7 +55,9 @@ def test_each_attempt_end_exports_its_share_of_the_ledger(tmp_path: Path) -> Non
 def test_an_unreadable_state_never_fails_the_epilog(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     state = JobState(tmp_path / "nothing-here", "8")
-    ledger = after_attempt(cfg, state, attempt=0, node="n1", kind="hang", decision="stop")
+    # nor a Slurm that refuses the AdminComment (slurmctld down: a job it does not know)
+    ledger = after_attempt(cfg, state, FakeSlurm(), attempt=0, node="n1", kind="hang",
+                           decision="stop")
     assert ledger is not None and ledger.attempts == []
     assert not (tmp_path / "m.prom").exists()
 

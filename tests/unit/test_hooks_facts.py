@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 from wrapper import config
-from wrapper.hooks.health import SCONTROL_FACTS, recall_scontrol, remember_scontrol
 from wrapper.slurm import CliBackend
+from wrapper.slurm.commands import ABILITIES
 
 
 def site(tmp_path: Path) -> tuple[config.Config, Path]:
@@ -25,13 +25,13 @@ def site(tmp_path: Path) -> tuple[config.Config, Path]:
 def test_no_json_is_remembered_for_the_same_scontrol(tmp_path: Path) -> None:
     cfg, _ = site(tmp_path)
     first = CliBackend(cfg.slurm)
-    recall_scontrol(cfg, first)
+    first.recall_abilities(cfg.paths.state_dir)
     assert first.json_supported is None  # nothing known yet: the backend asks
     first.json_supported = False  # what asking found
-    remember_scontrol(cfg, first)
-    assert (tmp_path / "state" / "nodes" / SCONTROL_FACTS).is_file()
+    first.remember_abilities(cfg.paths.state_dir)
+    assert (tmp_path / "state" / "nodes" / ABILITIES).is_file()
     later = CliBackend(cfg.slurm)
-    recall_scontrol(cfg, later)
+    later.recall_abilities(cfg.paths.state_dir)
     assert later.json_supported is False
 
 
@@ -39,12 +39,12 @@ def test_an_upgraded_scontrol_is_asked_again(tmp_path: Path) -> None:
     cfg, scontrol = site(tmp_path)
     first = CliBackend(cfg.slurm)
     first.json_supported = False
-    remember_scontrol(cfg, first)
+    first.remember_abilities(cfg.paths.state_dir)
     scontrol.unlink()
     shutil.copy2("/bin/true", scontrol)  # a new binary: another inode
     os.utime(scontrol, ns=(1, 1))
     later = CliBackend(cfg.slurm)
-    recall_scontrol(cfg, later)
+    later.recall_abilities(cfg.paths.state_dir)
     assert later.json_supported is None
 
 
@@ -52,11 +52,11 @@ def test_json_support_and_garbage_are_not_cached(tmp_path: Path) -> None:
     cfg, _ = site(tmp_path)
     backend = CliBackend(cfg.slurm)
     backend.json_supported = True  # the real call is the JSON call: nothing to spare
-    remember_scontrol(cfg, backend)
-    facts = tmp_path / "state" / "nodes" / SCONTROL_FACTS
+    backend.remember_abilities(cfg.paths.state_dir)
+    facts = tmp_path / "state" / "nodes" / ABILITIES
     assert not facts.exists()
     facts.parent.mkdir()
     facts.write_text("[not, json")
     later = CliBackend(cfg.slurm)
-    recall_scontrol(cfg, later)
+    later.recall_abilities(cfg.paths.state_dir)
     assert later.json_supported is None

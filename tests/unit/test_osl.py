@@ -94,6 +94,27 @@ def test_private_mkdir_refuses_a_symlink_and_another_owner(tmp_path: Path) -> No
         files.private_mkdir(tmp_path / "mine", 0o711)
 
 
+def test_only_its_owner_may_write_what_root_trusts(tmp_path: Path) -> None:
+    folder = tmp_path / "root-owned"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    assert files.owned_alone(folder.stat())
+    assert not files.owned_alone(folder.stat(), uid=os.geteuid() + 1)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        files.require_owned_alone(fd, "the folder")
+        for mode in (0o775, 0o1777):  # the group's, everyone's (a sticky bit changes nothing)
+            folder.chmod(mode)
+            assert not files.owned_alone(folder.stat())
+            with pytest.raises(files.UnsafeFileError,
+                               match=f"the folder must be owned by uid {os.geteuid()} and "
+                                     f"writable by it alone \\(it is uid {os.geteuid()}, "
+                                     f"mode {mode:04o}\\)"):
+                files.require_owned_alone(fd, "the folder")
+    finally:
+        os.close(fd)
+
+
 def test_chown_never_follows_a_swapped_in_symlink(tmp_path: Path) -> None:
     """Item 14: a user swaps a symlink for the file root is about to hand them."""
     target = tmp_path / "shadow"

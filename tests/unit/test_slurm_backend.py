@@ -61,6 +61,38 @@ def test_failed_command_is_a_slurm_error_naming_it() -> None:
         cli.requeue("5")
 
 
+def test_an_admin_comment_falls_back_to_sacctmgr_once_the_job_has_finished(
+        tmp_path: Path) -> None:
+    """slurmctld refuses the AdminComment of a finished job: the database takes it, through
+    the sacctmgr beside the configured scontrol; both refusing is one SlurmError."""
+    for name in ("scontrol", "sacctmgr"):
+        (tmp_path / name).symlink_to("/bin/false")
+    runner = RecordingCalls()
+    cli = CliBackend(SlurmConfig(scontrol_command=str(tmp_path / "scontrol")), runner)
+    with pytest.raises(SlurmError, match=r"scontrol update.*; and then .*sacctmgr -i modify"):
+        cli.set_admin_comment("12", "jobwrap: a0=hang/stop ettr=0.50")
+    assert runner.calls == [
+        [str(tmp_path / "scontrol"), "update", "JobId=12",
+         "AdminComment=jobwrap: a0=hang/stop ettr=0.50"],
+        [str(tmp_path / "sacctmgr"), "-i", "modify", "job", "where", "jobid=12", "set",
+         "AdminComment=jobwrap: a0=hang/stop ettr=0.50"]]
+    with pytest.raises(SlurmError, match="not a Slurm job id"):
+        cli.set_admin_comment("12 AdminComment=x", "y")
+    assert len(runner.calls) == 2
+
+
+class RecordingCalls(Runner):
+    """A real runner that records argv and runs it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    def run(self, argv, *, timeout, input=None, check=True, cwd=None):  # type: ignore[no-untyped-def]
+        self.calls.append(list(argv))
+        return super().run(argv, timeout=timeout, input=input, check=check, cwd=cwd)
+
+
 def test_cli_backend_when_asked() -> None:
     assert slurm.backend(SlurmConfig(backend="cli")).name == "cli"
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wrapper.errors import SlurmError
-from wrapper.slurm.parse import MAX_HOSTS, HostlistError, expand_hostlist
+from wrapper.slurm.parse import MAX_HOSTS, HostlistError, asks_signal, expand_hostlist
 from wrapper.slurm.records import (
     AmbiguousJobName,
     SlurmJob,
@@ -24,6 +24,7 @@ from wrapper.slurm.records import (
     node_lost,
     parse_job_text,
     slurm_timestamp,
+    time_limit_seconds,
 )
 
 MIDDLE = [("UserId", "jwtest(1001)"), ("GroupId", "jwtest(1001)"), ("MCS_label", "N/A"),
@@ -242,3 +243,22 @@ def test_a_node_that_came_back_during_the_attempt_was_lost() -> None:
                                         "boot_time": 0}]})
     assert fields["SlurmdStartTime"] == datetime.fromtimestamp(60).isoformat()
     assert fields["BootTime"] == "Unknown"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("UNLIMITED", None), ("Partition_Limit", None), ("", None), ("soon", None),
+    ("30:00", 1800.0), ("01:30:00", 5400.0), ("1-02:00:00", 93600.0),
+    ("365-00:00:00", 365 * 86400.0)])
+def test_a_time_limit_as_slurm_prints_it(text: str, seconds: float | None) -> None:
+    assert time_limit_seconds(text) == seconds
+
+
+def test_a_started_time_with_blanks_around_it_is_still_a_time() -> None:
+    assert slurm_timestamp(" 2026-12-03T15:01:00\n") == slurm_timestamp("2026-12-03T15:01:00")
+    assert slurm_timestamp("None") is None
+
+
+def test_only_an_sbatch_line_asks_for_a_signal() -> None:
+    assert asks_signal("#!/bin/bash\n#SBATCH -N 1 --signal=USR1@90\nsrun x\n")
+    assert asks_signal("#!/bin/bash\n#SBATCH --signal B:USR1@60\n")
+    assert not asks_signal("#!/bin/bash\n# SBATCH --signal=USR1@90\nsrun --signal=USR1 x\n")

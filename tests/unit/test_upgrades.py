@@ -214,7 +214,8 @@ def test_status_over_a_newer_jobs_state_is_one_line(tmp_path: Path) -> None:
 # -- node caches: a newer one is a miss --------------------------------------------------------
 def test_a_newer_node_cache_is_asked_again(tmp_path: Path) -> None:
     from wrapper.config import Config, PathsConfig
-    from wrapper.hooks.health import NODE_FORMAT, configured_gres
+    from wrapper.hooks.health import configured_gres
+    from wrapper.slurm.commands import NODE_FORMAT
 
     cfg = Config(paths=PathsConfig(state_dir=str(tmp_path)))
     (tmp_path / "nodes").mkdir()

@@ -66,9 +66,10 @@ from wrapper import __version__
 from wrapper.archive import gitfacts, rerun
 from wrapper.archive.status import ENDED, RUNNING, AttemptSummary, event_order, summarize
 from wrapper.errors import JobwrapError
-from wrapper.jobrecord import JobRecord, parse_slurm_time
+from wrapper.jobrecord import JobRecord
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
+from wrapper.slurm.records import slurm_timestamp
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -233,7 +234,7 @@ def _completeness(summaries: list[AttemptSummary],
 
 
 def _time(text: str | None) -> float | None:
-    return parse_slurm_time(text) if text else None
+    return slurm_timestamp(text) if text else None
 
 
 # -- the code that ran: git facts, read from .git as the job's user ---------------------------

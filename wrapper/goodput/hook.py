@@ -17,11 +17,13 @@ from wrapper.goodput.accounting import account, from_summaries
 if TYPE_CHECKING:
     from wrapper.config import Config
     from wrapper.goodput.accounting import Ledger
+    from wrapper.slurm import SlurmBackend
     from wrapper.state import JobState
 
 
-def after_attempt(cfg: Config, state: JobState, *, attempt: int, node: str, kind: str,
-                  decision: str, reason: str = "", user: str = "") -> Ledger | None:
+def after_attempt(cfg: Config, state: JobState, slurm: SlurmBackend, *, attempt: int,
+                  node: str, kind: str, decision: str, reason: str = "",
+                  user: str = "") -> Ledger | None:
     """Account, export, notify, annotate; returns the ledger (None when it failed).
 
     Reporting never costs the epilog its archive or its cleanup: whatever goes wrong in
@@ -29,15 +31,16 @@ def after_attempt(cfg: Config, state: JobState, *, attempt: int, node: str, kind
     traceback, and the epilog goes on.
     """
     try:
-        return _after_attempt(cfg, state, attempt=attempt, node=node, kind=kind,
+        return _after_attempt(cfg, state, slurm, attempt=attempt, node=node, kind=kind,
                               decision=decision, reason=reason, user=user)
     except Exception as exc:  # see the docstring: reporting never fails the epilog
         log.get().exception("goodput.failed", error=repr(exc))
         return None
 
 
-def _after_attempt(cfg: Config, state: JobState, *, attempt: int, node: str, kind: str,
-                   decision: str, reason: str, user: str) -> Ledger | None:
+def _after_attempt(cfg: Config, state: JobState, slurm: SlurmBackend, *, attempt: int,
+                   node: str, kind: str, decision: str, reason: str,
+                   user: str) -> Ledger | None:
     from wrapper.errors import JobwrapError
 
     if decision in ("requeue", "stop"):
@@ -54,18 +57,18 @@ def _after_attempt(cfg: Config, state: JobState, *, attempt: int, node: str, kin
         return None
     if cfg.metrics.textfile:
         export(cfg, ledger, attempt=attempt, node=node, job_ended=decision != "requeue")
-    annotate(cfg, state, ledger, records)
+    annotate(slurm, state, ledger, records)
     return ledger
 
 
-def annotate(cfg: Config, state: JobState, ledger: Ledger,
+def annotate(slurm: SlurmBackend, state: JobState, ledger: Ledger,
              records: list[dict[str, Any]]) -> None:
     """The job's AdminComment (``sacct``), from root's records of its attempts."""
     from wrapper.goodput import sacct
 
     decisions = {int(r["attempt"]): str(r.get("decision") or "?") for r in records
                  if isinstance(r.get("attempt"), int)}
-    problem = sacct.record(cfg, state.job_id, sacct.comment(ledger, decisions))
+    problem = sacct.record(slurm, state.job_id, sacct.comment(ledger, decisions))
     if problem:
         log.get().warning("goodput.admin_comment_failed", error=problem)
 

@@ -204,8 +204,9 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
                                node=ctx.node)
     from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
 
-    after_attempt(cfg, state, attempt=ctx.attempt, node=ctx.node, kind=verdict.kind,
-                  decision=decision.action, reason=decision.reason, user=record.user)
+    after_attempt(cfg, state, backend, attempt=ctx.attempt, node=ctx.node,
+                  kind=verdict.kind, decision=decision.action, reason=decision.reason,
+                  user=record.user)
     used_run = any(isinstance(e, ev.RunStarted) for e in store.user_claims(ctx.attempt))
     apply.tell_the_job(ctx, record, outcome.user, verdict, decision,
                        apply.in_place_hint(verdict, decision, used_run=used_run))

@@ -10,7 +10,7 @@ from wrapper import jobrecord, log
 from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
-from wrapper.hooks.health import check_node, recall_scontrol, remember_scontrol, unchecked
+from wrapper.hooks.health import check_node, unchecked
 from wrapper.job import events as ev
 from wrapper.job.paths import RECORD, USER_EVENTS
 from wrapper.job.store import JobStore
@@ -34,7 +34,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
 
         services = Services(cfg)
     backend = services.slurm
-    recall_scontrol(cfg, backend)
+    backend.recall_abilities(cfg.paths.state_dir)  # a scontrol without --json, known
     gathered = jobrecord.gather_in_background(ctx, backend)
     if cfg.checks.prolog:
 
@@ -57,7 +57,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
                                      spawn_with=services.spawn)
                 return EXIT_UNHEALTHY
     record, script = gathered()
-    remember_scontrol(cfg, backend)
+    backend.remember_abilities(cfg.paths.state_dir)
     state.write_json(RECORD, record.stored())
     from wrapper.slurm.context import known_script
 

@@ -35,16 +35,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import field
 
 from wrapper.lean import dataclass
+from wrapper.osl.files import owned_alone
 
 # A folder's or file's ownership rarely changes; look again at least this often.
 _CACHE_SECONDS = 300.0
 # The environment is read whole or not trusted: the kernel caps it near 2 MiB by default.
 ENVIRON_MAX = 4 << 20
 LOADER_VARIABLES = (b"LD_PRELOAD", b"LD_LIBRARY_PATH", b"LD_AUDIT")
-
-
-def _root_only(info: os.stat_result) -> bool:
-    return info.st_uid == 0 and not info.st_mode & 0o022
 
 
 @dataclass
@@ -64,7 +61,7 @@ class Trust:
             return cached[0]
         try:
             info = os.lstat(path)
-            ok = stat.S_ISDIR(info.st_mode) and _root_only(info)
+            ok = stat.S_ISDIR(info.st_mode) and owned_alone(info, 0)
         except OSError:
             ok = False
         if ok and path != "/":
@@ -86,7 +83,7 @@ class Trust:
         if os.path.isabs(path) and os.path.normpath(path) == path:
             try:
                 info = os.lstat(path)
-                if (stat.S_ISREG(info.st_mode) and _root_only(info)
+                if (stat.S_ISREG(info.st_mode) and owned_alone(info, 0)
                         and self.root_dir(os.path.dirname(path))):
                     identity = (info.st_dev, info.st_ino)
             except OSError:

@@ -16,8 +16,9 @@ calls. Three modules, no third-party code:
            never follow a final symlink and never block (``O_NOFOLLOW | O_NONBLOCK``, then
            fstat: anything but a regular file, a FIFO or a device, is refused), bounded
            tail reads, atomic replace (tmp + fsync + rename, with a mode), a capped,
-           locked ``O_APPEND`` line append, a private mkdir that checks the owner, and a
-           chown by descriptor only.
+           locked ``O_APPEND`` line append, a private mkdir that checks the owner, the
+           one owner/mode check of what root trusts (``owned_alone``: its owner's to
+           write, nobody else's), and a chown by descriptor only.
 
 Rules every caller keeps: a path the user controls is opened with the user's rights
 (``call_as``) or, when root must, with the ``files`` primitives below a root-owned folder;

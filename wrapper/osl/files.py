@@ -217,6 +217,27 @@ def private_mkdir(path: StrPath, mode: int, *, owner: int | None = None) -> os.s
         os.close(fd)
 
 
+def owned_alone(info: os.stat_result, uid: int | None = None) -> bool:
+    """Whether ``info`` is owned by ``uid`` (default: us) and writable by it alone (no
+    group or other write bit): a file or folder root may trust, nobody else can change."""
+    return info.st_uid == (os.geteuid() if uid is None else uid) and not info.st_mode & 0o022
+
+
+def require_owned_alone(fd: int, shown: str, uid: int | None = None) -> None:
+    """``owned_alone`` of an open descriptor, else NotOwnedAlone saying what it found."""
+    info = os.fstat(fd)
+    if not owned_alone(info, uid):
+        raise NotOwnedAlone(shown, info, os.geteuid() if uid is None else uid)
+
+
+class NotOwnedAlone(UnsafeFileError):
+    """A file or folder root must trust is another's, or others can write it."""
+
+    def __init__(self, shown: str, info: os.stat_result, wanted: int) -> None:
+        super().__init__(f"{shown} must be owned by uid {wanted} and writable by it alone "
+                         f"(it is uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o})")
+
+
 class WrongOwner(UnsafeFileError):
     """A folder that should be ours belongs to someone else."""
 

@@ -1,11 +1,20 @@
-"""The default Slurm backend: Slurm's own commands, through the runner, with timeouts."""
+"""The default Slurm backend: Slurm's own commands, through the runner, with timeouts.
+
+What this node's Slurm said is kept in root's node state (``<state_dir>/nodes/``, written
+by ``write_node_file``): each file has a ``format`` (``NODE_FORMAT``, docs/upgrades.md),
+and one a newer jobwrap wrote is a miss (``read_node_file``: None), asked again and
+written over, never an error.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
+from typing import Any
 
 from wrapper.config import SlurmConfig
-from wrapper.errors import CommandError, SlurmError
+from wrapper.errors import CommandError, FormatTooNew, SlurmError, format_of
 from wrapper.runner import Runner
 from wrapper.slurm.parse import check_job_id as _job_id
 from wrapper.slurm.parse import check_node as _node
@@ -13,6 +22,34 @@ from wrapper.slurm.parse import expand_hostlist, parse_record
 from wrapper.slurm.records import AmbiguousJobName, from_json_job, from_json_node, parse_job_text
 
 DRAIN_PREFIX = "jobwrap:"
+NODE_FORMAT = 1  # the "format" of the files in <state_dir>/nodes
+ABILITIES = "scontrol.json"  # in <state_dir>/nodes: what this node's scontrol can do
+
+
+def node_file(state_dir: str, name: str) -> Path:
+    """``<state_dir>/nodes/NAME``: a file of root's node state."""
+    return Path(state_dir) / "nodes" / name
+
+
+def read_node_file(path: Path) -> dict[str, Any] | None:
+    """A node state file's content; None when it is absent, unreadable or of a newer
+    jobwrap's format (a miss: the caller asks again)."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            return None
+        format_of(data, "format", known=NODE_FORMAT, path=path, what="node cache")
+    except (OSError, ValueError, FormatTooNew):
+        return None
+    return data
+
+
+def write_node_file(path: Path, data: dict[str, Any]) -> None:
+    """Replace a node state file at once (``NODE_FORMAT`` added); OSError if it cannot."""
+    from wrapper.osl.files import atomic_write
+
+    path.parent.mkdir(mode=0o755, exist_ok=True)
+    atomic_write(path, json.dumps({"format": NODE_FORMAT, **data}).encode(), mode=0o644)
 
 
 def drain_reason(reason: str) -> str:
@@ -32,6 +69,51 @@ class CliBackend:
         self.config = config
         self.runner = runner or Runner()
         self.json_supported: bool | None = None  # found out on the first record read
+
+    def recall_abilities(self, state_dir: str) -> None:
+        """Spare the prolog a failing ``scontrol --json`` per job where this scontrol has
+        none.
+
+        Slurm before 23.02 answers ``--json`` with an error: found once, kept in root's
+        node state with the binary's identity, so an upgraded scontrol is asked again.
+        """
+        if self.json_supported is not None:
+            return
+        data = read_node_file(node_file(state_dir, ABILITIES))
+        if data is not None and data.get("json") is False and \
+                data.get("scontrol") == self._identity():
+            self.json_supported = False
+
+    def remember_abilities(self, state_dir: str) -> None:
+        """Keep what this backend found out about ``scontrol --json`` (recall_abilities);
+        a node state that cannot be written is logged, never an error."""
+        if self.json_supported is not False:
+            return
+        path = node_file(state_dir, ABILITIES)
+        facts = {"json": False, "scontrol": self._identity()}
+        if read_node_file(path) == {"format": NODE_FORMAT, **facts}:
+            return
+        try:
+            write_node_file(path, facts)
+        except OSError as exc:
+            from wrapper import log
+
+            log.get().warning("health.scontrol_facts_unwritable", error=str(exc))
+
+    def _identity(self) -> list[int | str] | None:
+        """The scontrol this backend runs, as (path, inode, size, mtime): changes on an
+        upgrade."""
+        name = self.config.scontrol_command
+        # shutil.which's own walk, without importing shutil (and bz2, lzma) on every prolog
+        for folder in ([""] if os.sep in name else os.get_exec_path()):
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if not os.path.isdir(path) and os.access(path, os.X_OK):
+                return [path, st.st_ino, st.st_size, st.st_mtime_ns]
+        return None
 
     def _scontrol(self, *args: str, input: str | None = None) -> str:
         argv = [self.config.scontrol_command, *args]
@@ -213,6 +295,35 @@ class CliBackend:
             raise SlurmError(str(exc)) from None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        """Set the job's AdminComment (only an admin or root can: the user cannot forge it).
+
+        slurmctld takes it while the job is still its own (a requeued attempt); once the job
+        has finished (the epilog of its last attempt runs while it completes) only the
+        database can, through ``sacctmgr modify job``: at most two bounded commands.
+        """
+        job = _job_id(job_id)
+        try:
+            self._scontrol("update", f"JobId={job}", f"AdminComment={text}")
+            return
+        except SlurmError as exc:
+            first = str(exc)
+        argv = [self._sacctmgr(), "-i", "modify", "job", "where", f"jobid={job}", "set",
+                f"AdminComment={text}"]
+        try:
+            self.runner.run(argv, timeout=self.config.command_timeout)
+        except CommandError as exc:
+            raise SlurmError(f"{first}; and then {exc}") from None
+
+    def _sacctmgr(self) -> str:
+        """sacctmgr beside the configured scontrol (the same Slurm), else on PATH."""
+        scontrol = self.config.scontrol_command
+        if os.sep in scontrol:
+            sibling = os.path.join(os.path.dirname(scontrol), "sacctmgr")
+            if os.access(sibling, os.X_OK):
+                return sibling
+        return "sacctmgr"
 
     def exclude_nodes(self, job_id: str, nodes: list[str]) -> list[str]:
         """Add nodes to a pending job's excluded nodes; returns the whole excluded list."""

@@ -1,8 +1,8 @@
 """An in-process Slurm for unit tests: the SlurmBackend protocol over plain dicts.
 
 It answers what the hooks ask (a job's record and batch script, a node's record) from
-what the test put in, and records what they did (drains, requeues, signals) in
-``calls``, so a test can drive a hook body without a cluster and check its decision.
+what the test put in, and records what they did (drains, requeues, signals, AdminComments)
+in ``calls``, so a test can drive a hook body without a cluster and check its decision.
 A job it does not know raises SlurmError, as Slurm's commands would.
 """
 
@@ -84,6 +84,18 @@ class FakeSlurm:
 
     def release_now(self, job_id: str, exclude: list[str] | None = None) -> None:
         self.calls.append(("release_now", job_id, *(exclude or [])))
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        self.calls.append(("set_admin_comment", job_id, text))
+        if job_id not in self.jobs:
+            raise SlurmError(f"job {job_id}: Invalid job id specified")
+        self.jobs[job_id]["AdminComment"] = text
+
+    def recall_abilities(self, state_dir: str) -> None:
+        pass  # a fake has no scontrol to find out about
+
+    def remember_abilities(self, state_dir: str) -> None:
+        pass
 
     def did(self, what: str) -> list[tuple[str, ...]]:
         return [c for c in self.calls if c[0] == what]

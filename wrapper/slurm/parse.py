@@ -172,6 +172,15 @@ def parse_record(line: str) -> dict[str, str]:
     return record
 
 
+_SIGNAL_DIRECTIVE = re.compile(r"^#SBATCH\b.*--signal[= ]", re.M)
+
+
+def asks_signal(script: str) -> bool:
+    """Whether a batch script asks Slurm for a signal before its time limit
+    (``#SBATCH --signal=...``): the job saves on its own, jobwrap sends none."""
+    return bool(_SIGNAL_DIRECTIVE.search(script))
+
+
 _JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]+)?$")
 _NODE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 

@@ -173,6 +173,22 @@ def limit_text(minutes: int | None) -> str:
         f"{rest // 60:02d}:{rest % 60:02d}:00"
 
 
+def time_limit_seconds(text: str) -> float | None:
+    """Slurm's TimeLimit (``UNLIMITED``, ``30:00``, ``1-02:00:00``) in seconds; None when
+    unlimited or unreadable (limit_text's inverse)."""
+    from wrapper.directives import parse_duration
+
+    text = text.strip()
+    if not text or text.upper() in ("UNLIMITED", "INFINITE", "NONE", "PARTITION_LIMIT"):
+        return None
+    if ":" in text and "-" not in text and text.count(":") == 1:
+        text = "00:" + text  # MM:SS
+    try:
+        return parse_duration(text)
+    except ValueError:
+        return None
+
+
 def _exit(value: Any) -> str:
     if isinstance(value, dict):  # data_parser 0.0.39+: {"return_code": ..., "signal": ...}
         code = _number(value.get("return_code")) or 0
@@ -304,7 +320,12 @@ def node_lost(fields: Mapping[str, str], since: float | None = None) -> bool:
 
 def slurm_timestamp(text: str) -> float | None:
     """Seconds since the epoch of a time Slurm prints (``2026-12-03T15:04:50``, local
-    time); None for ``Unknown``, ``None`` or anything else."""
+    time: StartTime, SlurmdStartTime...); None for ``Unknown``, ``None`` or anything else.
+
+    datetime, not time.strptime: strptime's first call imports locale machinery that
+    costs the prolog a tenth of its budget.
+    """
+    text = text.strip()
     try:
         return datetime.fromisoformat(text).timestamp() if text[:1].isdigit() else None
     except ValueError:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wrapper.lean import dataclass
+from wrapper.osl.files import UnsafeFileError, owned_alone, require_owned_alone
 from wrapper.staging.errors import StagingError
 from wrapper.staging.fdtree import DIR_FLAGS, open_dir, raise_fd_limit
 
@@ -263,13 +264,7 @@ def _open_scratch_root(root: Path) -> int:
     except OSError as exc:
         raise StagingError(f"cannot open the scratch root {root}: {exc.strerror} (is it a "
                            "symlink? set paths.scratch_root to the real folder)") from None
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        os.close(fd)
-        raise StagingError(f"the scratch root {root} must be owned by uid {os.geteuid()} and "
-                           f"writable by it alone (it is uid {info.st_uid}, mode "
-                           f"{stat.S_IMODE(info.st_mode):04o})")
-    return fd
+    return _ours_alone(fd, f"the scratch root {root}")
 
 
 def quarantine_scratch(root: Path, job_id: str, name: str) -> Path | None:
@@ -335,8 +330,7 @@ def prune_quarantine(root: Path, max_age: float, now: float) -> list[str]:
         except OSError:
             return []
         try:
-            info = os.fstat(box_fd)
-            if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            if not owned_alone(os.fstat(box_fd)):
                 raise StagingError(f"{root / QUARANTINE} is not root's own folder; "
                                    "refusing to prune it (remove it by hand after a look)")
             for entry in os.listdir(box_fd):
@@ -376,10 +370,14 @@ def _root_dir(parent_fd: int, name: str, shown: str) -> int:
     except OSError as exc:
         raise StagingError(f"cannot open {shown}: {exc.strerror} (a symlink or a file in "
                            "its place? remove it after a look)") from None
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+    return _ours_alone(fd, shown)
+
+
+def _ours_alone(fd: int, shown: str) -> int:
+    """``fd`` if its folder is ours and writable by us alone; else closed, StagingError."""
+    try:
+        require_owned_alone(fd, shown)
+    except UnsafeFileError as exc:
         os.close(fd)
-        raise StagingError(f"{shown} must be owned by uid {os.geteuid()} and writable by it "
-                           f"alone (it is uid {info.st_uid}, mode "
-                           f"{stat.S_IMODE(info.st_mode):04o})")
+        raise StagingError(str(exc)) from None
     return fd
