@@ -191,9 +191,9 @@ def with_directives(options: JobOptions, cfg: Config) -> JobOptions:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
         return options
-    from wrapper import jobrecord
     from wrapper.errors import JobwrapError
-    from wrapper.state import for_job
+    from wrapper.job import record as jobrecord
+    from wrapper.job.state import for_job
 
     try:
         record = jobrecord.load(for_job(cfg, job_id))
@@ -314,10 +314,10 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None,
     if not job_id.isdigit():
         return {}
     from wrapper.errors import JobwrapError
+    from wrapper.job.state import for_job
     from wrapper.restart.remote import faults_elsewhere, node_records
     from wrapper.slurm.parse import expand_hostlist
     from wrapper.slurm.records import node_lost
-    from wrapper.state import for_job
 
     try:
         if nodes is None:

@@ -12,8 +12,8 @@ import stat
 
 import pytest
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 FORGE = """#!/bin/bash
 #SBATCH --output={work}/forge-{what}-%j.out

@@ -17,10 +17,10 @@ import time
 import pytest
 
 from tests.adversarial.conftest import run_as_slurmd, slurmd_env
+from wrapper.job.record import load
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
-from wrapper.jobrecord import load
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 SCRIPT = """#!/bin/bash
 #SBATCH --output=extra-%j.out

@@ -16,9 +16,9 @@ import time
 
 import psutil
 
+from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 HUNG = '''#!/bin/bash
 #SBATCH --output=fx-%j.out
@@ -98,7 +98,7 @@ def test_rank_labels_from_the_environment_cannot_grow_roots_record(cluster: Clus
     labels = [r["rank"] for r in taken[0]["ranks"] if r["rank"] is not None]
     assert labels and all(len(label) <= 24 for label in labels), labels
     lines = (state.path / "events.jsonl").read_bytes().splitlines()
-    assert max(len(line) for line in lines) <= 256 << 10  # wrapper.state.LINE_MAX
+    assert max(len(line) for line in lines) <= 256 << 10  # wrapper.job.state.LINE_MAX
     assert sum(len(line) for line in lines) < 1 << 20, sum(len(line) for line in lines)
     ended = [e for e in state.events() if e["event"] == "attempt.end" and e["source"] == "root"]
     assert ended and ended[0]["kind"] == "hang", ended

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 # gpu0 of every sandbox node (wrapper/sandbox/gpus.py)
 FORGED = "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus"

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from tests.adversarial.conftest import RIVAL
+from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 PLAIN = "#!/bin/bash\n#SBATCH --time=5\necho plain\n"
 

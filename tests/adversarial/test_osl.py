@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from tests.adversarial.conftest import run_as_slurmd, slurmd_env
+from wrapper.job.state import PRUNE_STAMP, USER_EVENTS, JobState
 from wrapper.osl.users import UserIds
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import PRUNE_STAMP, USER_EVENTS, JobState
 
 
 def as_user(cluster: Cluster, user: str, argv: list[str], *,

@@ -28,13 +28,13 @@ import pytest
 
 from wrapper.directives import JobOptions
 from wrapper.job import events as ev
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
-from wrapper.jobrecord import JobRecord
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
 from wrapper.restart.resume import Found, choose, latest_as
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 SECRET = "ROOT-ONLY-7c1e9a"  # what root keeps where the user may not look
 TIMEOUT = 10.0  # choose()'s own default

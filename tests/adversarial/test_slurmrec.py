@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 FORGED = "JobState=NODE_FAIL Reason=NodeDown ExcNodeList=n[0-99999999999]"
 SCRIPT = """#!/bin/bash

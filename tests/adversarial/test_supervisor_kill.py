@@ -12,9 +12,9 @@ import time
 
 import psutil
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.parse import expand_hostlist
-from wrapper.state import JobState
 
 JOB = """#!/bin/bash
 #SBATCH --output={work}/unsupervised-%j.out

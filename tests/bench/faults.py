@@ -26,9 +26,9 @@ from pathlib import Path
 from tests.bench.cluster import sandbox
 from tests.bench.timing import verdict
 from wrapper import config
+from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 from wrapper.watch.process import pid_file
 
 SLEEPER = """#!/bin/bash

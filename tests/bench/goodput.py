@@ -51,10 +51,10 @@ from pathlib import Path
 from tests.bench import goodput_job as job
 from tests.bench.cluster import sandbox
 from tests.bench.job_start import Hooks
+from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox import flavor
 from wrapper.sandbox.cluster import Cluster, Daemon, _daemon
-from wrapper.state import JobState
 
 PYTHON = "/opt/jobwrap/frameworks/bin/python"
 GAP = 30  # steps a launch makes before the next fault

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster, SandboxError
-from wrapper.state import JobState
 
 
 def jobwrap(cluster: Cluster, *args: str, config: Path | None = None

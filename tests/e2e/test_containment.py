@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 
 import wrapper.sandbox
+from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
 CONTROLLERS = ("freezer", "cpuset", "memory", "devices", "cpuacct")

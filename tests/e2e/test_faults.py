@@ -15,10 +15,10 @@ from pathlib import Path
 
 import wrapper.sandbox
 from wrapper import config
+from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.parse import expand_hostlist
-from wrapper.state import JobState
 
 STEPS = 30
 EXPECTED = STEPS * (STEPS + 1) // 2

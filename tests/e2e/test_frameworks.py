@@ -31,9 +31,9 @@ import pytest
 from tests.sandbox import free_ports
 from tests.support import framework_python
 from wrapper.checkpoints import latest_valid
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.parse import expand_hostlist
-from wrapper.state import JobState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 SCRIPTS = ("common.py", "ddp_dcp.py", "lightning_train.py", "hf_train.py",

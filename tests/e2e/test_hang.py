@@ -13,8 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 TORCH = Path("/opt/jobwrap/frameworks/bin/python")
 STEPS = 8

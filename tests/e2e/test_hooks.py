@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 JOB = """#!/bin/bash
 #SBATCH --nodes=2

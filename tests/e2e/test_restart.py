@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import wrapper.sandbox
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 STEPS = 8
 EXPECTED = STEPS * (STEPS + 1) // 2

@@ -24,10 +24,10 @@ import pytest
 import wrapper.sandbox
 from wrapper.config import SlurmConfig
 from wrapper.errors import SlurmError
+from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.commands import CliBackend
-from wrapper.state import JobState
 from wrapper.supervisor.launch import SlurmLook
 from wrapper.watch.process import pid_file
 

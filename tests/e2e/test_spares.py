@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import wrapper.sandbox
+from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 STEPS = 14
 EXPECTED = STEPS * (STEPS + 1) // 2

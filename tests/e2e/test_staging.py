@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster, SandboxError
-from wrapper.state import JobState
 
 
 def chown_tree(path: Path, user: str) -> None:

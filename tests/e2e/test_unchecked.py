@@ -17,8 +17,8 @@ import re
 import subprocess
 import time
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 JOB_A = """#!/bin/bash
 #SBATCH --output=unchecked-%j.out

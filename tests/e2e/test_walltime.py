@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
-from wrapper.state import JobState
 
 
 def test_a_job_without_steps_gets_the_walltime_signal_in_its_batch_shell(

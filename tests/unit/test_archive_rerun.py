@@ -24,9 +24,9 @@ from wrapper import slurm
 from wrapper.archive import archive_attempt, jobenv, rerun
 from wrapper.config import Config, GpuConfig, PathsConfig, SlurmConfig
 from wrapper.hooks.health import check_node
+from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
-from wrapper.state import JobState
 
 __all__ = ["archived", "shared", "user"]  # fixtures, used by name
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from tests import support
 from wrapper.config import Config, parse
-from wrapper.jobrecord import JobRecord
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
-from wrapper.state import JobState
 
 # The shared fixtures, under the names the archive tests import from here.
 USER = support.USER

@@ -112,7 +112,7 @@ def test_a_rewritten_extra_is_user_input_checked_like_a_script() -> None:
     """scontrol update Extra=... is the user's: the prolog's parse of it is the script's."""
     from wrapper.directives import parse_script
     from wrapper.errors import UserInputError
-    from wrapper.jobrecord import _build
+    from wrapper.job.record import _build
     from wrapper.slurm.context import known_script
 
     ctx = from_env("prolog", {**PROLOG_ENV, "SLURM_JOB_EXTRA":

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from wrapper import jobrecord
 from wrapper.config import parse
-from wrapper.facts import FactChannel, fact, supervisor_facts
 from wrapper.hooks import run_hook, staging
-from wrapper.jobrecord import JobRecord
+from wrapper.job import record as jobrecord
+from wrapper.job.facts import FactChannel, fact, supervisor_facts
+from wrapper.job.record import JobRecord
+from wrapper.job.state import USER_EVENTS, JobState
 from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
 from wrapper.staging.scratch import prepare_scratch
-from wrapper.state import USER_EVENTS, JobState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 JOB = "41"

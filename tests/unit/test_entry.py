@@ -17,7 +17,7 @@ import pytest
 
 from tests.unit.test_hooks import FIXTURES, slurm_env
 from wrapper.entry import hook_of
-from wrapper.state import JobState
+from wrapper.job.state import JobState
 
 HEAVY = ("click", "structlog", "asyncio", "ssl")
 
@@ -140,13 +140,14 @@ PROLOG_MODULES = {
     "wrapper.gpu", "wrapper.gpu.checks", "wrapper.gpu.probe", "wrapper.gpu.report",
     "wrapper.gpu.versions", "wrapper.gpu.xid", "wrapper.hooks", "wrapper.hooks.health",
     "wrapper.hooks.prolog", "wrapper.hooks.staging", "wrapper.job", "wrapper.job.events",
-    "wrapper.job.paths", "wrapper.job.store", "wrapper.jobrecord", "wrapper.lean",
+    "wrapper.job.paths", "wrapper.job.record", "wrapper.job.state", "wrapper.job.store",
+    "wrapper.lean",
     "wrapper.log", "wrapper.metrics", "wrapper.osl", "wrapper.osl.files",
     "wrapper.osl.jsontext", "wrapper.osl.users", "wrapper.restart", "wrapper.restart.resume",
     "wrapper.runner", "wrapper.slurm", "wrapper.slurm.commands", "wrapper.slurm.context",
     "wrapper.slurm.parse", "wrapper.slurm.records", "wrapper.staging",
     "wrapper.staging.errors", "wrapper.staging.fdtree", "wrapper.staging.scratch",
-    "wrapper.state", "wrapper.watch", "wrapper.watch.feed", "wrapper.watch.process",
+    "wrapper.watch", "wrapper.watch.feed", "wrapper.watch.process",
 }
 # Loaded by the test's own fakes and set-up, not by the prolog.
 HARNESS = {"wrapper.gpu.fake", "wrapper.slurm.fake"}

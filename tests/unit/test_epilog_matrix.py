@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from wrapper import jobrecord
 from wrapper.config import Config, PathsConfig
 from wrapper.hooks import Services
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.job import events as ev
+from wrapper.job import record as jobrecord
 from wrapper.job.paths import SUPERVISOR_FACTS
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
-from wrapper.jobrecord import JobRecord
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.fake import FakeSlurm
-from wrapper.state import JobState
 
 JOB = "77"
 MAX_RESTARTS = 3

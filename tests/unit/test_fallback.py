@@ -24,8 +24,9 @@ from wrapper.directives import JobOptions
 from wrapper.hooks import Services, task_prolog
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.job import events as ev
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
-from wrapper.jobrecord import JobRecord
 from wrapper.restart import resume
 from wrapper.restart.classify import (
     CANCELLED,
@@ -40,7 +41,6 @@ from wrapper.restart.classify import (
 from wrapper.restart.policy import PastAttempt, decide, suspect
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.fake import FakeSlurm
-from wrapper.state import JobState
 
 JOB = "91"
 GLOB = "ckpt_*.pt"

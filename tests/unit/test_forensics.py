@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from wrapper.facts import FactChannel, fact
-from wrapper.state import JobState
+from wrapper.job.facts import FactChannel, fact
+from wrapper.job.state import JobState
 from wrapper.watch import forensics as fx
 
 STUCK = """

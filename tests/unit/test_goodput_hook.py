@@ -12,9 +12,9 @@ from tests.unit.test_archive_support import state as archive_state
 from wrapper import config as config_mod
 from wrapper.archive import archive_attempt
 from wrapper.goodput.hook import after_attempt, attempt_records, ledger_of
+from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 from wrapper.slurm.fake import FakeSlurm
-from wrapper.state import JobState
 
 __all__ = ["shared", "user"]  # fixtures, used by name
 

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from wrapper import jobrecord
 from wrapper.config import ChecksConfig, Config, PathsConfig, SupervisorConfig
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY
 from wrapper.gpu.fake import FakeProbe, parse_inventory
 from wrapper.hooks import Services, prolog, task_prolog
 from wrapper.job import events as ev
+from wrapper.job import record as jobrecord
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.fake import FakeSlurm
-from wrapper.state import JobState
 
 HEALTHY = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "healthy-4.toml"
 JOB = "63"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from wrapper.hooks import run_hook
-from wrapper.state import JobState
+from wrapper.job.state import JobState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from wrapper.config import parse
 from wrapper.hooks import staging
-from wrapper.jobrecord import JobRecord
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
-from wrapper.state import JobState
 
 
 def setup(shared: Path, user: UserIds, cache_mode: int) -> tuple[object, ...]:

@@ -86,9 +86,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("wrapper.errors", "wrapper.lean", "wrapper.log", "wrapper.config", "wrapper.runner",
      "wrapper.osl", "wrapper.directives"),
     # a job's state, Slurm, starting a detached process
-    ("wrapper.job", "wrapper.slurm", "wrapper.state", "wrapper.jobrecord", "wrapper.detach"),
+    ("wrapper.job", "wrapper.slurm", "wrapper.detach"),
     # the features the hooks and commands call
-    ("wrapper.facts", "wrapper.restart", "wrapper.staging", "wrapper.archive",
+    ("wrapper.restart", "wrapper.staging", "wrapper.archive",
      "wrapper.checkpoints", "wrapper.supervisor", "wrapper.gpu", "wrapper.watch",
      "wrapper.goodput", "wrapper.metrics", "wrapper.notify", "wrapper.loginguard",
      "wrapper.runloop", "wrapper.release"),
@@ -96,8 +96,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("wrapper.hooks", "wrapper.cli", "wrapper.doctor", "wrapper.entry", "wrapper.install_lua",
      "wrapper.sandbox", "wrapper.__main__"),
 )
-# Package loops that stand today (issue 25's "one home for a job's state" dissolves them).
-KNOWN_LOOPS = ({"wrapper.job", "wrapper.state"}, {"wrapper.archive", "wrapper.goodput"})
+# Package loops that stand today (job <-> state was dissolved: state lives in job/).
+KNOWN_LOOPS = ({"wrapper.archive", "wrapper.goodput"},)
 
 
 def layer_of(name: str) -> int | None:

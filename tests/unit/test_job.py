@@ -8,8 +8,8 @@ from pathlib import Path
 from wrapper.job import events as ev
 from wrapper.job.eventsdoc import render
 from wrapper.job.paths import JobPaths
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
-from wrapper.state import JobState
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 

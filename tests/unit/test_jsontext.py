@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wrapper.job import events as ev
+from wrapper.job.state import JobState
 from wrapper.osl import jsontext
-from wrapper.state import JobState
 
 HOSTILE = [
     b"[" * 100_000,

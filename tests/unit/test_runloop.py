@@ -16,12 +16,12 @@ from wrapper.directives import parse_args
 from wrapper.hooks import Services
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.job import events as ev
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
 from wrapper.restart.apply import in_place_hint
 from wrapper.restart.classify import Classification
 from wrapper.restart.policy import Decision
 from wrapper.runloop import FORWARDED, run
-from wrapper.state import JobState
 
 
 @pytest.fixture
@@ -124,8 +124,8 @@ def test_no_restart_in_place_on_a_faulty_node(tmp_path: Path, monkeypatch: pytes
 
 def test_run_takes_the_jobs_directives_where_its_command_line_is_silent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from wrapper import jobrecord
-    from wrapper.jobrecord import JobRecord
+    from wrapper.job import record as jobrecord
+    from wrapper.job.record import JobRecord
     from wrapper.runloop import with_directives
 
     cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
@@ -252,7 +252,7 @@ def test_run_moves_onto_a_spare_without_spending_a_restart(
 
 def test_a_node_given_back_by_a_running_job_makes_no_decision(tmp_path: Path) -> None:
     from wrapper.hooks.epilog import _released
-    from wrapper.jobrecord import JobRecord
+    from wrapper.job.record import JobRecord
     from wrapper.slurm.context import JobContext
     from wrapper.slurm.fake import FakeSlurm
 
@@ -304,7 +304,7 @@ def test_a_requeued_job_whose_spares_were_spent_works_on_what_it_has(
 
 def test_a_watcher_ends_only_the_steps_of_a_job_whose_spare_can_take_over(
         tmp_path: Path) -> None:
-    from wrapper import jobrecord
+    from wrapper.job import record as jobrecord
     from wrapper.watch.process import spare_may_take
 
     state = JobState(tmp_path / "state", JOB)

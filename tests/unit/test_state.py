@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from wrapper.errors import StateError
-from wrapper.state import ROOT_EVENTS, USER_EVENTS, JobState
+from wrapper.job.state import ROOT_EVENTS, USER_EVENTS, JobState
 
 
 def test_append_and_read_back(tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_only_the_capped_tail_of_the_user_file_is_read(tmp_path: Path) -> None:
 
 
 def test_stale_user_files_are_pruned_by_root_record_age_at_most_hourly(tmp_path: Path) -> None:
-    from wrapper.state import prune_stale_user_files
+    from wrapper.job.state import prune_stale_user_files
 
     old, recent = JobState(tmp_path, "21"), JobState(tmp_path, "22")
     for state in (old, recent):
@@ -146,7 +146,7 @@ def test_stale_user_files_are_pruned_by_root_record_age_at_most_hourly(tmp_path:
 
 def test_root_events_are_bounded_whatever_user_text_they_carry(tmp_path: Path) -> None:
     """Issue 22, item 7: 64 ranks with a 128 KiB RANK each once wrote an 8 MiB line."""
-    from wrapper.state import FIELD_MAX, LINE_MAX
+    from wrapper.job.state import FIELD_MAX, LINE_MAX
 
     state = JobState(tmp_path, "5")
     state.prepare(None, None)

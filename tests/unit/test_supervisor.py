@@ -7,8 +7,8 @@ import zipfile
 from pathlib import Path
 
 from wrapper.config import SupervisorConfig
-from wrapper.jobrecord import JobRecord
-from wrapper.state import USER_EVENTS, JobState
+from wrapper.job.record import JobRecord
+from wrapper.job.state import USER_EVENTS, JobState
 from wrapper.supervisor.monitor import Supervisor
 
 

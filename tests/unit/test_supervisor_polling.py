@@ -12,9 +12,9 @@ from typing import Any
 
 from wrapper.config import SupervisorConfig
 from wrapper.errors import SlurmError
-from wrapper.jobrecord import JobRecord
+from wrapper.job.record import JobRecord
+from wrapper.job.state import USER_EVENTS, JobState
 from wrapper.slurm.fake import FakeSlurm
-from wrapper.state import USER_EVENTS, JobState
 from wrapper.supervisor.launch import SLURM_ASK_EVERY, SlurmLook
 from wrapper.supervisor.monitor import Supervisor
 

@@ -23,21 +23,21 @@ from click.testing import CliRunner
 
 from tests.unit.test_epilog_matrix import job_files
 from tests.unit.test_hooks import FIXTURES, slurm_env
-from wrapper import jobrecord
 from wrapper.archive import index as index_mod
 from wrapper.archive import store as archive_store
 from wrapper.cli import cli
 from wrapper.errors import FormatTooNew, format_of
-from wrapper.facts import supervisor_facts
 from wrapper.hooks import Services, run_hook
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.job import events as ev
+from wrapper.job import record as jobrecord
+from wrapper.job.facts import supervisor_facts
 from wrapper.job.paths import SUPERVISOR_FACTS
+from wrapper.job.state import EVENTS_FORMAT, JobState
 from wrapper.job.store import JobStore
 from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.fake import FakeSlurm
-from wrapper.state import EVENTS_FORMAT, JobState
 
 REPO = Path(__file__).resolve().parents[2]
 # The last commit before jobwrap's files carried format numbers: its state is what every

@@ -141,7 +141,7 @@ def test_stop_ends_only_the_watcher_its_pid_file_names(tmp_path: Path) -> None:
 
     import psutil
 
-    from wrapper.state import JobState
+    from wrapper.job.state import JobState
     from wrapper.watch.process import pid_file, stop
 
     state = JobState(tmp_path, "77")

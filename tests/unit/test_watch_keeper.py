@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from wrapper.job import events as ev
-from wrapper.state import JobState
+from wrapper.job.state import JobState
 from wrapper.watch.keeper import SupervisorKeeper
 
 JOB = "71"

@@ -39,10 +39,10 @@ from wrapper.archive.store import Writer
 from wrapper.config import ArchiveConfig, Config
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
-from wrapper.jobrecord import JobRecord
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
 from wrapper.lean import dataclass
 from wrapper.osl.users import UserIds
-from wrapper.state import JobState
 
 MIB = 1 << 20
 MAX_PART_EVENTS = 5000  # the user's event file could be long; the manifest stays readable

@@ -27,7 +27,7 @@ from wrapper.archive import status as status_mod
 from wrapper.archive import store
 from wrapper.config import Config
 from wrapper.errors import FormatTooNew, JobwrapError, UserInputError
-from wrapper.state import JobState
+from wrapper.job.state import JobState
 
 if TYPE_CHECKING:
     from wrapper.archive.index import Index

@@ -41,11 +41,11 @@ from typing import Any
 from wrapper.archive._fs import Access, create_file
 from wrapper.errors import JobwrapError
 from wrapper.job.paths import SUPERVISOR_LOG
+from wrapper.job.state import JobState
 from wrapper.lean import dataclass
 from wrapper.osl import jsontext
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
-from wrapper.state import JobState
 
 # statuses: what happened to one file
 ARCHIVED = "archived"    # all of it (or its last max_file_bytes: see truncated)

@@ -66,7 +66,7 @@ from wrapper import __version__
 from wrapper.archive import gitfacts, rerun
 from wrapper.archive.status import ENDED, RUNNING, AttemptSummary, event_order, summarize
 from wrapper.errors import JobwrapError
-from wrapper.jobrecord import JobRecord
+from wrapper.job.record import JobRecord
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
 from wrapper.slurm.records import slurm_timestamp

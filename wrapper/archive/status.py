@@ -24,8 +24,8 @@ from dataclasses import asdict, field, fields
 from typing import Any
 
 from wrapper.job import events as ev
+from wrapper.job.state import JobState
 from wrapper.lean import dataclass
-from wrapper.state import JobState
 
 RUNNING = "running"  # no sign of its end yet
 ENDING = "ending"    # an epilog has started, the verdict is not written yet

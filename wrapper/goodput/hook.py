@@ -17,8 +17,8 @@ from wrapper.goodput.accounting import account, from_summaries
 if TYPE_CHECKING:
     from wrapper.config import Config
     from wrapper.goodput.accounting import Ledger
+    from wrapper.job.state import JobState
     from wrapper.slurm import SlurmBackend
-    from wrapper.state import JobState
 
 
 def after_attempt(cfg: Config, state: JobState, slurm: SlurmBackend, *, attempt: int,

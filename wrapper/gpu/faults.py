@@ -42,3 +42,12 @@ def read(cfg: Config, node: str, gpus: Sequence[int], *,
 
 def describe(result: CheckResult) -> str:
     return f"{result.check} gpu{result.gpu_index}: {result.reason}"
+
+
+def confirm(cfg: Config, node: str, gpus: Sequence[int]) -> list[str]:
+    """Root's own probe of the job's GPUs: the faults it finds (empty: none confirmed).
+
+    The same probe and fault checks as the supervisor's; a probe that does not work is
+    jobwrap's problem and raises, it confirms nothing.
+    """
+    return [describe(r) for r in read(cfg, node, gpus)]

@@ -3,7 +3,7 @@ classify the attempt's outcome and requeue it when a retry can help.
 
 Everything read from the user's files (the output's tail, the checkpoints) is read with
 the user's rights, and decides nothing by itself: control flow follows root's own
-events and the supervisor's root-owned channel (``wrapper.facts``); a GPU fault anyone
+events and the supervisor's root-owned channel (``wrapper.job.facts``); a GPU fault anyone
 reports is hardware only once root's probe confirms it. A stage-out that did not bring
 everything back keeps the scratch in quarantine instead of removing it.
 
@@ -18,11 +18,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from wrapper import jobrecord, log
-from wrapper import state as state_mod
+from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, FormatTooNew, JobwrapError
 from wrapper.job import events as ev
+from wrapper.job import record as jobrecord
+from wrapper.job import state as state_mod
 from wrapper.job.store import JobStore
 from wrapper.restart.policy import Decision
 from wrapper.slurm.context import JobContext
@@ -218,7 +219,7 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
 
 def _prune_user_files(cfg: Config) -> None:
     """Finished jobs' user-writable event files past their retention (never fails)."""
-    from wrapper.state import prune_stale_user_files
+    from wrapper.job.state import prune_stale_user_files
 
     try:
         pruned = prune_stale_user_files(Path(cfg.paths.state_dir),

@@ -18,10 +18,10 @@ from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
-from wrapper.state import JobState
 
 if TYPE_CHECKING:
     from wrapper.gpu.report import Report

@@ -6,12 +6,13 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, TextIO
 
-from wrapper import jobrecord, log
-from wrapper import state as state_mod
+from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
 from wrapper.hooks.health import check_node, unchecked
 from wrapper.job import events as ev
+from wrapper.job import record as jobrecord
+from wrapper.job import state as state_mod
 from wrapper.job.paths import RECORD, USER_EVENTS
 from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext

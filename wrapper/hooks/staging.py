@@ -20,10 +20,10 @@ from wrapper.config import Config
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
 from wrapper.job.paths import JobPaths
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
-from wrapper.jobrecord import JobRecord
 from wrapper.slurm.context import JobContext
-from wrapper.state import JobState
 
 if TYPE_CHECKING:
     from wrapper.osl.users import UserIds

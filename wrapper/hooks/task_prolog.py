@@ -12,11 +12,12 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, TextIO
 
-from wrapper import jobrecord, log
-from wrapper import state as state_mod
+from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, JobwrapError
 from wrapper.job import events as ev
+from wrapper.job import record as jobrecord
+from wrapper.job import state as state_mod
 from wrapper.job.paths import JobPaths
 from wrapper.job.store import JobStore
 from wrapper.restart import resume as resume_mod

@@ -526,7 +526,7 @@ class WalltimeRequeued(_BySupervisor):
     seconds_left: int = 0
 
 
-# The supervisor's reports root acts on, through its root-owned channel (wrapper.facts).
+# The supervisor's reports root acts on, through its root-owned channel (wrapper.job.facts).
 FACT_KINDS = frozenset({Hang.KIND, GpuFault.KIND})
 # What keeps a job from starting on a node: its data or its directives.
 REFUSALS = (StagingFailed.KIND, DirectivesInvalid.KIND)

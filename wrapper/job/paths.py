@@ -5,7 +5,7 @@ Root's state folder ``<state_dir>/jobs/<jobid>/`` holds:
 - ``events.jsonl``: root's events (only root writes it; the decisions read it);
 - ``user-events.jsonl``: what the job user's side wrote (task-prolog, supervisor): claims;
 - ``supervisor-facts.jsonl``: the supervisor's root-owned, write-only report channel;
-- ``job.json``: what the prolog gathered of the job (``wrapper.jobrecord``);
+- ``job.json``: what the prolog gathered of the job (``wrapper.job.record``);
 - ``batch-script.sh``: the batch script, fetched from Slurm once per attempt;
 - ``supervisor.log``: the supervisor's log, root's file the user may read.
 

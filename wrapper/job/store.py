@@ -1,6 +1,6 @@
 """The job's event store and the queries every stage asks of it.
 
-``JobStore`` wraps the file layer (``wrapper.state.JobState``: safe appends, bounded
+``JobStore`` wraps the file layer (``wrapper.job.state.JobState``: safe appends, bounded
 reads) with typed events: writers ``record`` an event object, readers get decoded
 events and ask the questions by name. Control flow reads root's events only; the user's
 (``source == "user"``) are claims.
@@ -22,7 +22,7 @@ from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config
-    from wrapper.state import JobState
+    from wrapper.job.state import JobState
 
 SCRIPT_MAX = 4 << 20  # bytes of a kept batch script ever read back (Slurm's own cap)
 
@@ -33,7 +33,7 @@ class JobStore:
 
     @classmethod
     def of(cls, cfg: Config, job_id: str) -> JobStore:
-        from wrapper.state import for_job
+        from wrapper.job.state import for_job
 
         return cls(for_job(cfg, job_id))
 

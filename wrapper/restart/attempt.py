@@ -20,8 +20,8 @@ from wrapper.restart.policy import Decision
 
 if TYPE_CHECKING:
     from wrapper.config import Config
+    from wrapper.job.record import JobRecord
     from wrapper.job.store import JobStore
-    from wrapper.jobrecord import JobRecord
     from wrapper.osl.users import UserIds
     from wrapper.restart.apply import Spawner
     from wrapper.restart.evidence import Gathered, GpuConfirmer

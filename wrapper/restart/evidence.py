@@ -26,8 +26,8 @@ from wrapper.slurm.records import SlurmJob
 
 if TYPE_CHECKING:
     from wrapper.config import Config
+    from wrapper.job.record import JobRecord
     from wrapper.job.store import JobStore
-    from wrapper.jobrecord import JobRecord
     from wrapper.osl.users import UserIds
     from wrapper.slurm import SlurmBackend
     from wrapper.slurm.context import JobContext
@@ -57,7 +57,7 @@ def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
            gpu_checked: bool, confirm: GpuConfirmer | None = None) -> Gathered:
     """``gpu_check_failed``: root's post-job check on this node failed; ``gpu_checked``: it
     ran (else a reported GPU fault is confirmed by a probe of root's own here)."""
-    from wrapper.facts import supervisor_facts
+    from wrapper.job.facts import supervisor_facts
 
     events = store.events()
     supervisor_events = supervisor_facts(store.state, ctx.attempt)
@@ -149,10 +149,10 @@ def _confirm_gpu_fault(ctx: JobContext, cfg: Config, store: JobStore,
                        confirm: GpuConfirmer | None) -> bool:
     """A GPU fault was reported and the post-job check did not run: root probes itself."""
     if confirm is None:
-        from wrapper.facts import confirm_gpu_fault
+        from wrapper.gpu import faults as gpu_faults
 
         def confirm(node: str, gpus: Sequence[int]) -> list[str]:
-            return confirm_gpu_fault(cfg, node, gpus)
+            return gpu_faults.confirm(cfg, node, gpus)
     try:
         faults = confirm(ctx.node, ctx.gpus)
     except JobwrapError as exc:  # the probe, not the GPU: nothing is confirmed

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from wrapper.config import Config
     from wrapper.directives import JobOptions
     from wrapper.job.events import CheckpointSuspect
+    from wrapper.job.record import JobRecord
     from wrapper.job.store import JobStore
-    from wrapper.jobrecord import JobRecord
     from wrapper.osl.users import UserIds
 
 ATTEMPT = "JOBWRAP_ATTEMPT"

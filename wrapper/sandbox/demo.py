@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from wrapper.job import events as ev
+from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox.cluster import TERMINAL_STATES, Cluster, SandboxError
-from wrapper.state import JobState
 
 Echo = Callable[[str], None]
 PARTS = 6

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wrapper import log
-from wrapper import state as state_mod
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
+from wrapper.job import state as state_mod
 from wrapper.job.paths import SUPERVISOR_LOG
-from wrapper.jobrecord import JobRecord
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.state import JobState
 
 if TYPE_CHECKING:
     from wrapper.slurm import SlurmBackend
@@ -54,8 +54,9 @@ def start(job_id: str, cfg: Config) -> str:
 
 def supervise(job_id: str, cfg: Config) -> int:
     """The ``jobwrap supervise JOBID`` verb: drop rights, then follow the attempt."""
-    from wrapper import jobrecord, slurm
-    from wrapper.facts import FactChannel
+    from wrapper import slurm
+    from wrapper.job import record as jobrecord
+    from wrapper.job.facts import FactChannel
     from wrapper.osl.users import UserIds, drop_to, not_dumpable
     from wrapper.supervisor.monitor import Supervisor
 

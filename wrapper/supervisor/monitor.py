@@ -14,7 +14,7 @@ Slurm is asked far less often.
 
 What the epilog acts on (a hang it ended the job for, a GPU fault) it also writes to
 ``facts``: the root-owned channel root opened for it before the drop
-(``wrapper.facts.FactChannel``), which the job's user cannot write.
+(``wrapper.job.facts.FactChannel``), which the job's user cannot write.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any
 from wrapper import log
 from wrapper.config import SupervisorConfig
 from wrapper.job import events as ev
-from wrapper.jobrecord import JobRecord
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
 from wrapper.lean import dataclass
-from wrapper.state import JobState
 
 RUNNING = {"RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED"}
 
@@ -87,7 +87,7 @@ class Supervisor:
         self.logger = log.get()
 
     def event(self, name: str, **data: object) -> None:
-        from wrapper.facts import FACT_EVENTS, fact
+        from wrapper.job.facts import FACT_EVENTS, fact
 
         if self.facts is not None and name in FACT_EVENTS:  # first: root acts on this one
             try:

@@ -262,7 +262,7 @@ class Trigger:
         self.done = False
 
     def wanted(self) -> bool:
-        from wrapper.facts import supervisor_facts
+        from wrapper.job.facts import supervisor_facts
         from wrapper.job.paths import SUPERVISOR_FACTS
 
         if self.done:
@@ -285,7 +285,7 @@ def conclude(state: Any, job_id: str, attempt: int, stdout: str, user: Any) -> s
 
     Records ``hang.forensics`` (root) and tells the job's output; returns the message."""
     from wrapper.errors import JobwrapError
-    from wrapper.facts import root_events
+    from wrapper.job.facts import root_events
 
     found = [e for e in root_events(state)
              if e.get("event") == ev.WatchForensics.KIND and e.get("attempt") == attempt]

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 from wrapper import log
 from wrapper.job import events as ev
+from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
-from wrapper.state import JobState
 
 RESTARTS_PER_ATTEMPT = 3
 

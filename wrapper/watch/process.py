@@ -18,8 +18,8 @@ from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError, format_of
 from wrapper.job import events as ev
+from wrapper.job.state import JobState
 from wrapper.slurm.context import JobContext
-from wrapper.state import JobState
 from wrapper.watch.feed import Fault, Watcher
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def spare_may_take(state: JobState, node: str, attempt: int) -> bool:
     holds spare nodes (root's record of its options), this is not the node its batch
     script runs on, and its command runs under ``jobwrap run`` this attempt (the user's
     word: a job that lies keeps its own allocation on a node that is drained anyway)."""
-    from wrapper import jobrecord
+    from wrapper.job import record as jobrecord
 
     try:
         record = jobrecord.load(state)
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import psutil
 
     from wrapper import config, slurm
-    from wrapper import state as state_mod
+    from wrapper.job import state as state_mod
 
     os.chdir("/")
     cfg = config.load(None)

@@ -16,12 +16,12 @@ from typing import Any
 from wrapper.directives import JobOptions, parse_script
 from wrapper.errors import JobwrapError, UserInputError, format_of
 from wrapper.job.paths import RECORD as RECORD
+from wrapper.job.state import JobState
 from wrapper.lean import dataclass
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.parse import asks_signal
 from wrapper.slurm.records import slurm_timestamp, time_limit_seconds
-from wrapper.state import JobState
 
 RECORD_FORMAT = 1  # job.json's "format" (docs/upgrades.md)
 

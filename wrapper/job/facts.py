@@ -14,7 +14,7 @@ So the decision reads:
   descriptor. A process whose uid changed from root is not dumpable, so the job's user
   can neither open the file nor reach that descriptor (``/proc/PID/fd``, ptrace);
 - a reported GPU fault counts as hardware only once root's own probe of the job's GPUs
-  confirms it (``confirm_gpu_fault``), never on the supervisor's or the output's word.
+  confirms it (``wrapper.gpu.faults.confirm``), never on the supervisor's or the output's word.
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from wrapper.config import Config
 from wrapper.errors import StateError
 from wrapper.job.events import FACT_KINDS
 from wrapper.job.paths import SUPERVISOR_FACTS
+from wrapper.job.state import JobState
 from wrapper.osl.files import owned_alone
-from wrapper.state import JobState
 
 # The supervisor's reports the epilog acts on; each also goes to the user's event file
 # (for ``jobwrap status``), where it is only a claim.
@@ -113,8 +112,8 @@ def _records(lines: Iterable[bytes], path: object) -> Iterable[dict[str, Any]]:
     """The lines as records; one of a newer format than root's events raises FormatTooNew
     (the channel is root's: nothing the user wrote, so nothing to skip)."""
     from wrapper.errors import format_of
+    from wrapper.job.state import EVENTS_FORMAT, FORMAT_KEY
     from wrapper.osl import jsontext
-    from wrapper.state import EVENTS_FORMAT, FORMAT_KEY
 
     for raw in lines:
         record = jsontext.loads_object(raw)
@@ -127,15 +126,4 @@ def _records(lines: Iterable[bytes], path: object) -> Iterable[dict[str, Any]]:
 
 def fact(name: str, attempt: int, **data: object) -> dict[str, Any]:
     return {"ts": time.time(), "event": name, "attempt": attempt, **data}
-
-
-def confirm_gpu_fault(cfg: Config, node: str, gpus: Sequence[int]) -> list[str]:
-    """Root's own probe of the job's GPUs: the faults it finds (empty: none confirmed).
-
-    The same probe and fault checks as the supervisor's; a probe that does not work is
-    jobwrap's problem and raises, it confirms nothing.
-    """
-    from wrapper.gpu import faults
-
-    return [faults.describe(r) for r in faults.read(cfg, node, gpus)]
 
