@@ -62,6 +62,7 @@ class Supervisor:
                  facts: Callable[[dict[str, Any]], None] | None = None,
                  await_forensics: Callable[[], None] | None = None,
                  requeue_job: Callable[[], bool] | None = None,
+                 time_limit: Callable[[], float | None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.record = record
         self.state = state
@@ -74,6 +75,9 @@ class Supervisor:
         self.facts = facts
         self.await_forensics = await_forensics  # the node watchers' stacks, before the end
         self.requeue_job = requeue_job  # None: this job is not requeued on a save
+        # the job's time limit now (Slurm's last answer: scontrol update moves it while
+        # the job runs); None: the record's, read at the job's start
+        self.time_limit = time_limit
         self.clock = clock
         options = record.job_options
         # --hang-timeout=off is 0; not given: the site's fixed default, else learned
@@ -187,8 +191,14 @@ class Supervisor:
             self.seen.output_size = size
 
     def _walltime(self, now: float) -> None:
-        limit, start = self.record.time_limit_s, self.record.start_time
-        if self.record.asked_signal or not limit or not start:
+        limit = self.time_limit() if self.time_limit is not None else self.record.time_limit_s
+        start = self.record.start_time
+        if self.record.asked_signal or not start:
+            return
+        if self.seen.signalled and not self.seen.requeued and \
+                (not limit or now < start + limit - self.cfg.walltime_lead):
+            self._limit_raised(limit)  # the request was for a limit the job no longer has
+        if not limit:
             return
         if self.seen.signalled:
             self._requeue_when_saved(now, start + limit)
@@ -199,6 +209,15 @@ class Supervisor:
             touched = self._ask_for_a_save(now)
             self.event(ev.WalltimeSignal.KIND, signal=self.cfg.walltime_signal,
                        seconds_left=round(start + limit - now), save_file=touched)
+
+    def _limit_raised(self, limit: float | None) -> None:
+        """The limit was raised (or lifted) after the save request: withdraw it, so that
+        the job is not requeued early for nothing; the signal and the request come again
+        ``walltime_lead`` before the new limit."""
+        self.logger.info("supervisor.walltime_withdrawn", time_limit_s=limit)
+        self.seen.signalled = False
+        self.seen.save_asked = 0.0
+        self.remove_save_file()
 
     def _ask_for_a_save(self, now: float) -> str:
         """Touch the save file (the job user's checkpoint folder, our rights); its path,
