@@ -353,3 +353,53 @@ def test_a_limit_raised_after_the_save_request_withdraws_it(tmp_path: Path) -> N
     assert calls["signal"] == ["URG", "URG"] and (ckpt / ".jobwrap-save-now").exists()
     assert [e["event"] for e in state.events()].count("walltime.signal") == 2
 
+
+def _under_run(sup: Supervisor, *, runs: bool, steps: list[str]) -> list[int]:
+    killed: list[int] = []
+
+    def kill() -> list[str]:
+        killed.append(1)
+        return list(steps)
+
+    sup.under_run = lambda: runs
+    sup.kill_steps = kill
+    return killed
+
+
+def test_a_hang_under_jobwrap_run_ends_only_the_steps_and_is_followed_again(
+        tmp_path: Path) -> None:
+    sup, state, clock, _ckpt, out, calls, _ = make(tmp_path, hang=30)
+    facts: list[dict[str, object]] = []
+    sup.facts = facts.append
+    order: list[str] = []
+    sup.await_forensics = lambda: order.append("forensics")
+    killed = _under_run(sup, runs=True, steps=["77.0"])
+    sup.tick()
+    clock.now += 31
+    sup.tick()
+    assert order == ["forensics"] and killed == [1] and calls["end"] == []
+    assert [f["event"] for f in facts] == ["hang", "hang.in_place"]  # root reads both
+    [in_place] = [e for e in state.events() if e["event"] == "hang.in_place"]
+    assert in_place["steps"] == ["77.0"] and in_place["attempt"] == 0
+    clock.now += 20  # the restarted command: its hang timeout counts from the restart
+    sup.tick()
+    assert killed == [1]
+    out.write_text("step 4\n")
+    sup.tick()
+    clock.now += 31
+    sup.tick()  # it hangs again: the same again; jobwrap run's brakes decide
+    assert killed == [1, 1] and calls["end"] == []
+
+
+def test_a_hang_is_ended_as_before_without_jobwrap_run_or_without_steps(
+        tmp_path: Path) -> None:
+    for runs, steps in ((False, ["77.0"]), (True, [])):
+        base = tmp_path / f"{runs}-{len(steps)}"
+        base.mkdir()
+        sup, state, clock, *_rest, calls, _ = make(base, hang=30)
+        killed = _under_run(sup, runs=runs, steps=steps)
+        sup.tick()
+        clock.now += 31
+        sup.tick()
+        assert calls["end"] == ["hang"] and killed == ([1] if runs else [])
+        assert "hang.in_place" not in events(state)

@@ -111,6 +111,19 @@ def supervise(job_id: str, cfg: Config) -> int:
             return False
         return True
 
+    def kill_steps() -> list[str]:
+        # The job's steps by id (its batch script, and jobwrap run in it, go on).
+        try:
+            return backend.kill_steps(job_id)
+        except JobwrapError as exc:
+            log.get().warning("supervisor.kill_steps_failed", error=str(exc))
+            return []
+
+    def under_run() -> bool:
+        from wrapper.job.store import JobStore
+
+        return JobStore(state).under_run(attempt)
+
     from wrapper.restart import resume as resume_mod
 
     options = record.job_options
@@ -122,6 +135,7 @@ def supervise(job_id: str, cfg: Config) -> int:
     supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
                             time_limit=lambda: job_state.time_limit_s,
+                            under_run=under_run, kill_steps=kill_steps,
                             gpu_faults=_gpu_fault_reader(cfg, record),
                             facts=channel.write if channel else None,
                             await_forensics=_forensics_waiter(cfg, state, attempt),

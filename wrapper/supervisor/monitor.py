@@ -6,10 +6,11 @@ user-writable event file (for ``jobwrap status``; there they are only claims): n
 checkpoints and their steps (progress), a hang (no new checkpoint and no output for the
 hang timeout, fixed by ``--hang-timeout`` or learned from the job's
 own cadence: max(hang_floor, hang_k x the longest gap between two signs of progress);
-it ends the job so that it can be requeued), GPU faults on the job's GPUs
-(it ends the job; the root epilog drains the node after its own check), and the
-walltime (it sends the job's steps a checkpoint signal before the limit when the job
-did not ask for one). Each tick costs a few ``stat`` calls and one directory listing;
+it ends the job so that it can be requeued, or, when the job's command runs under
+``jobwrap run``, only its steps, which ``jobwrap run`` restarts in place), GPU faults on
+the job's GPUs (it ends the job; the root epilog drains the node after its own check),
+and the walltime (it sends the job's steps a checkpoint signal before the limit when
+the job did not ask for one). Each tick costs a few ``stat`` calls and one directory listing;
 Slurm is asked far less often.
 
 What the epilog acts on (a hang it ended the job for, a GPU fault) it also writes to
@@ -63,6 +64,8 @@ class Supervisor:
                  await_forensics: Callable[[], None] | None = None,
                  requeue_job: Callable[[], bool] | None = None,
                  time_limit: Callable[[], float | None] | None = None,
+                 under_run: Callable[[], bool] | None = None,
+                 kill_steps: Callable[[], list[str]] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.record = record
         self.state = state
@@ -78,6 +81,10 @@ class Supervisor:
         # the job's time limit now (Slurm's last answer: scontrol update moves it while
         # the job runs); None: the record's, read at the job's start
         self.time_limit = time_limit
+        # whether the job's command runs under ``jobwrap run`` this attempt, and how to end
+        # its steps only (the steps ended): a hang is then restarted in place
+        self.under_run = under_run
+        self.kill_steps = kill_steps
         self.clock = clock
         options = record.job_options
         # --hang-timeout=off is 0; not given: the site's fixed default, else learned
@@ -114,7 +121,8 @@ class Supervisor:
                        last_checkpoint=self.seen.checkpoint)
             if self.await_forensics is not None:
                 self.await_forensics()
-            self._end(ev.Hang.KIND)
+            if not self._restart_in_place():
+                self._end(ev.Hang.KIND)
         if self.gpu_faults is not None and now >= self._next_gpu:
             self._next_gpu = now + self.cfg.gpu_interval
             for fault in self.gpu_faults():
@@ -256,6 +264,25 @@ class Supervisor:
         if path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+    def _restart_in_place(self) -> bool:
+        """Under ``jobwrap run`` this attempt, end the job's steps only, not the job:
+        ``jobwrap run`` sees its command fail after this attempt's hang and restarts it
+        inside the allocation from the latest valid checkpoint, under its brakes
+        (--max-restarts, no progress). False, and the job is ended as without it, when it
+        does not run under ``jobwrap run`` or has no step to end (a command that runs no
+        srun step)."""
+        if self.kill_steps is None or self.under_run is None or not self.under_run():
+            return False
+        steps = self.kill_steps()
+        if not steps:
+            return False
+        self.logger.warning("supervisor.steps_killed", why=ev.Hang.KIND, steps=steps)
+        self.event(ev.HangInPlace.KIND, steps=steps)
+        # the restarted command starts afresh: its start-up is not a gap of its cadence
+        self.seen.last_progress = self.clock()
+        self.seen.progress_count = 0
+        return True
 
     def _end(self, why: str) -> None:
         if self.seen.ended_by_us:
