@@ -31,7 +31,7 @@ from wrapper.config import Config
 from wrapper.directives import JobOptions
 from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
-from wrapper.restart.classify import Evidence, classify
+from wrapper.restart.classify import HANG, Classification, Evidence, classify
 from wrapper.restart.policy import PastAttempt, decide
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         if attempt > 0:
             say(f"jobwrap run: attempt {attempt}: " + (f"resuming from {resume[0]}" if resume
                 and resumes else "starting from the beginning"))
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         try:
             state.child = subprocess.Popen(list(command), env=env, start_new_session=True,
                                            stderr=subprocess.PIPE)
@@ -121,6 +121,9 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         # same (143 after --kill-on-bad-exit): without them two different faults would
         # read as "the same error" and stop the restarts
         verdict = classify(Evidence(exit_code=code, exit_signal=sig, output_tail=tail.text()))
+        if status != 0 and hung_since(cfg, base_attempt, started_at):
+            verdict = Classification(HANG, "no progress for the hang timeout; jobwrap's "
+                                     "supervisor ended the command's steps", "hang")
         after = _latest(options)
         decision = decide(verdict, attempt=attempt - swaps, max_restarts=max_restarts,
                           no_requeue=options.no_requeue, history=state.history,
@@ -336,6 +339,27 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None,
         log.get().warning("run.faults_unknown", error=str(exc))
         return {}
     return found
+
+
+def hung_since(cfg: Config, attempt: int, since: float) -> bool:
+    """Whether the supervisor called this job hung in Slurm attempt ``attempt`` after
+    ``since`` (a timestamp): it then ended the command's steps (``hang.in_place``), or the
+    whole job. Its ``hang`` is written before the steps are ended, so it is there when
+    the command fails. The job's own event file: the user's process deciding the user's
+    own restarts, as the command's output is."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return False
+    from wrapper.errors import JobwrapError
+    from wrapper.job import events as ev
+    from wrapper.job.store import JobStore
+
+    try:
+        events = JobStore.of(cfg, job_id).events()
+    except (JobwrapError, OSError):
+        return False
+    return any(isinstance(e, ev.Hang) and e.attempt == attempt and e.ts >= since
+               for e in events)
 
 
 def _record_start(cfg: Config, command: Sequence[str], attempt: int, spares: int) -> None:

@@ -108,3 +108,43 @@ def _check_forensics(cluster: Cluster, job_id: str, events: list[dict[str, objec
     ranks = [r for f in taken for r in f["ranks"] if r.get("frames")]
     assert len(ranks) == 2 and any(stuck_at == r["signature"] for r in ranks), taken
     assert all(r["in_collective"] for r in ranks if r["signature"] != stuck_at), taken
+
+
+def test_a_hang_under_jobwrap_run_is_restarted_in_place(cluster: Cluster) -> None:
+    """The job's command runs under ``jobwrap run``, its rank in an srun step. The rank
+    stops (SIGSTOP) at step 3 of the first run: the supervisor calls it hung, waits for
+    the watchers' forensics, then kills the job's steps only (not the job). ``jobwrap
+    run`` sees its command fail after the hang and restarts it in the same allocation
+    from step 3's checkpoint: no requeue (Slurm's restart count stays 0), and root's
+    epilog classes the one attempt by how it ended: success."""
+    import wrapper.sandbox
+
+    payload = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+    cluster.write_user_file("train.py", payload.read_text())
+    shutil.rmtree(cluster.work / "ckpt-hangrun", ignore_errors=True)
+    jobwrap = cluster.runtime / "venv" / "bin" / "jobwrap"
+    steps = 8
+    job_id = cluster.submit(f"""#!/bin/bash
+#SBATCH --output=hangrun-%j.out --open-mode=append
+#JOBWRAP --checkpoint-dir=ckpt-hangrun --max-restarts=2 --hang-timeout=10s
+export CRASH_AT=3 CRASH_HOW=hang
+{jobwrap} run -- srun python3 train.py {steps} 0.4
+""", name="hangrun.sh")
+    info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"},
+                            timeout=240)
+    output = (cluster.work / f"hangrun-{job_id}.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", (info, output)
+    assert f"done sum {steps * (steps + 1) // 2}" in output, output
+    assert "jobwrap run: attempt 0 ended: hang (" in output and \
+        "restarting in place" in output, output
+    assert "attempt=1 resume=" in output and "start=3" in output, output
+    events = JobState(cluster.state_dir, job_id).events()
+    hangs = [e for e in events if e["event"] == "hang"]
+    assert len(hangs) == 1 and hangs[0]["attempt"] == 0, hangs
+    [in_place] = [e for e in events if e["event"] == "hang.in_place"]
+    assert in_place["steps"] and all(s.startswith(f"{job_id}.") for s in in_place["steps"])
+    taken = [e for e in events if e["event"] == "watch.forensics" and e["source"] == "root"]
+    assert taken and all(e["attempt"] == 0 for e in taken), taken  # before the kill
+    ends = [(e["attempt"], e["kind"], e["decision"]) for e in events
+            if e["event"] == "attempt.end" and e["source"] == "root"]
+    assert ends == [(0, "success", "done")], ends

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
 
@@ -78,9 +80,58 @@ def test_before_the_limit_a_saved_job_is_requeued_at_once_and_loses_no_step(
     assert f"done sum {steps * (steps + 1) // 2}" in output, output
     assert f"save file: {cluster.work}/ckpt-wtsave/.jobwrap-save-now" in output, output
     events = JobState(cluster.state_dir, job_id).events()
+    requeued = _requeued_once_and_resumed(events, output)
+    assert requeued["seconds_left"] > 60, requeued
+    assert "requeued before its time limit by jobwrap's supervisor once the checkpoint " \
+        "it asked for was saved" in output, output
+
+
+def test_a_time_limit_lowered_while_the_job_runs_moves_the_save_and_requeue_before_it(
+        cluster: Cluster) -> None:
+    """The job starts with 30 minutes; once it trains, its owner lowers the limit to 4
+    (``scontrol update JobId= TimeLimit=4``). The supervisor's periodic ask to Slurm
+    carries the new limit: it asks the job to save and requeues it before the new limit,
+    not 5 minutes before the old one (which would be after Slurm had ended it)."""
+    import shutil
+    import time
+    from pathlib import Path
+
+    import wrapper.sandbox
+
+    payload = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+    cluster.write_user_file("train.py", payload.read_text())
+    shutil.rmtree(cluster.work / "ckpt-wtlower", ignore_errors=True)
+    steps, new_limit = 240, 240
+    job_id = cluster.submit(
+        "#!/bin/bash\n#SBATCH --time=30 --output=wtlower-%j.out --open-mode=append\n"
+        "#JOBWRAP --checkpoint-dir=ckpt-wtlower --max-restarts=1\n"
+        f"python3 train.py {steps} 0.5\n", name="wtlower.sh")
+    out = cluster.work / f"wtlower-{job_id}.out"
+    state = JobState(cluster.state_dir, job_id)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (
+            out.exists() and "step 5 " in out.read_text()
+            and any(e["event"] == "supervisor.start" for e in state.events())):
+        time.sleep(0.5)
+    assert "step 5 " in out.read_text(), out.read_text()
+    assert not any(e["event"] == "walltime.signal" for e in state.events())
+    cluster.as_user(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={new_limit // 60}"])
+    info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "TIMEOUT"}, timeout=400)
+    output = out.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
+    assert f"done sum {steps * (steps + 1) // 2}" in output, output
+    events = state.events()
+    signals = [e for e in events if e["event"] == "walltime.signal" and e["attempt"] == 0]
+    assert len(signals) == 1 and 0 < signals[0]["seconds_left"] < new_limit, signals
+    requeued = _requeued_once_and_resumed(events, output)
+    assert 0 < requeued["seconds_left"] < new_limit, requeued
+
+
+def _requeued_once_and_resumed(events: list[dict[str, Any]], output: str) -> dict[str, Any]:
+    """The first attempt was requeued by the supervisor once saved, and the next one
+    resumed from the checkpoint the save made: no step lost or redone. Its event."""
     [requeued] = [e for e in events if e["event"] == "walltime.requeued"]
-    assert requeued["attempt"] == 0 and requeued["seconds_left"] > 60, requeued
-    # the next attempt resumed from the checkpoint the save made: no step lost or redone
+    assert requeued["attempt"] == 0, requeued
     saved = int(str(requeued["checkpoint"]).rsplit("step=", 1)[1].split(".")[0])
     starts = [int(line.rsplit("start=", 1)[1]) for line in output.splitlines()
               if line.startswith("attempt=") and "start=" in line]
@@ -88,5 +139,4 @@ def test_before_the_limit_a_saved_job_is_requeued_at_once_and_loses_no_step(
     ends = [(e["attempt"], e["decision"]) for e in events
             if e["event"] == "attempt.end" and e["source"] == "root"]
     assert ends == [(0, "requeue"), (1, "done")], ends
-    assert "requeued before its time limit by jobwrap's supervisor once the checkpoint " \
-        "it asked for was saved" in output, output
+    return requeued

@@ -29,6 +29,12 @@ SEGV_THEN_GLOO = (
         (Evidence(exit_code=0, exit_signal=9, supervisor_events=("gpu.fault",)), "killed"),
         (Evidence(exit_code=1, gpu_check_failed=True), "hardware"),
         (Evidence(exit_code=0, exit_signal=9, supervisor_events=("checkpoint", "hang")), "hang"),
+        # a hang whose steps alone were ended, restarted in place by jobwrap run: the
+        # attempt is what its command made of it; a hang after that one ended the job
+        (Evidence(exit_code=0, exit_signal=0, slurm_state="COMPLETED",
+                  supervisor_events=("hang", "hang.in_place")), "success"),
+        (Evidence(exit_code=0, exit_signal=9,
+                  supervisor_events=("hang", "hang.in_place", "hang")), "hang"),
         (Evidence(exit_code=0, exit_signal=15, slurm_state="TIMEOUT"), "walltime"),
         (Evidence(exit_code=0, exit_signal=9, slurm_state="OUT_OF_MEMORY"), "host_oom"),
         (Evidence(exit_code=0, exit_signal=15, slurm_state="CANCELLED"), "cancelled"),

@@ -142,7 +142,7 @@ def test_epilog_decision_matrix(tmp_path: Path, kind: str, history: str,
     assert (f"jobwrap: attempt {ctx.attempt} ended: {kind}" in told) == (kind != "success")
     # A requeue that `jobwrap run` would have kept inside the allocation says so.
     assert ("`jobwrap run -- CMD`" in told) == (
-        requeued and kind in ("killed", "user_error", "collective_timeout"))
+        requeued and kind in ("killed", "user_error", "collective_timeout", "hang"))
 
 
 def test_a_refused_requeue_is_recorded_not_raised(tmp_path: Path) -> None:

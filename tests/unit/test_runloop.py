@@ -64,7 +64,7 @@ def test_run_outside_a_job_or_its_state_records_nothing_and_still_runs(
     ("killed", "requeue", True, False),  # it runs under jobwrap run already
     ("killed", "stop", False, False),  # nothing restarts at all
     ("hardware", "requeue", False, False),  # wants other nodes
-    ("hang", "requeue", False, False),  # ends the whole job either way
+    ("hang", "requeue", False, True),  # its steps only, under jobwrap run
 ])
 def test_the_hint_names_what_jobwrap_run_would_have_kept(kind: str, action: str,
                                                           used_run: bool, hinted: bool) -> None:
@@ -343,3 +343,37 @@ def test_srun_s_words_tell_two_faults_with_the_same_status_apart(
                for line in said), said
     err = capfd.readouterr().err  # passed through as it came, not swallowed
     assert "task 1: Killed" in err and "task 1: Segmentation fault" in err
+
+
+def test_a_hang_the_supervisor_ended_the_steps_of_is_restarted_in_place_as_a_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    """The supervisor writes ``hang`` before it ends the command's steps: the command's
+    failure after it is the hang, restarted in place under the same brakes."""
+    import sys
+
+    cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(os.getuid(), os.getgid())
+    monkeypatch.setenv("SLURM_JOB_ID", JOB)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    state.append(ev.Hang.KIND, as_user=True, attempt=0, hook="supervisor")  # before: not it
+    count = tmp_path / "count"
+    hang = (f"from pathlib import Path; from wrapper.job.state import JobState; "
+            f"JobState(Path({str(tmp_path / 'state')!r}), {JOB!r})"
+            ".append('hang', as_user=True, attempt=0, hook='supervisor')")
+    script = (f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; '
+              f'if [ "$n" = 0 ]; then {sys.executable} -c "{hang}"; '
+              'echo "srun: error: n1: task 0: Killed" >&2; exit 137; fi')
+    said: list[str] = []
+    monkeypatch.chdir(Path(__file__).parents[2])
+    assert run(["sh", "-c", script], parse_args(["--max-restarts=1"]), cfg,
+               say=said.append) == 0
+    assert count.read_text() == "2\n"
+    assert any("attempt 0 ended: hang (no progress for the hang timeout" in line
+               and "restarting in place" in line for line in said), said
+    # a second hang would be past --max-restarts=1: the brakes are the same
+    count.unlink()
+    script = script.replace('if [ "$n" = 0 ]', 'if [ "$n" -lt 5 ]')
+    assert run(["sh", "-c", script], parse_args(["--max-restarts=1"]), cfg,
+               say=said.append) == 137
+    assert count.read_text() == "2\n" and "restart limit reached" in said[-1], said

@@ -178,3 +178,10 @@ def test_a_squeue_that_does_not_answer_is_a_slurm_error(tmp_path: Path) -> None:
     missing = CliBackend(SlurmConfig(squeue_command=str(tmp_path / "none")))
     with pytest.raises(SlurmError, match="was not found"):
         missing.job_state("7")
+
+
+def test_the_job_state_and_its_time_limit_come_in_one_squeue_call() -> None:
+    runner = CannedRunner({"%T %l": "RUNNING 1-02:00:00\n"})
+    cli = CliBackend(SlurmConfig(squeue_command="squeue"), runner)
+    assert cli.job_state_and_limit("12") == ("RUNNING", "1-02:00:00")
+    assert [c[0] for c in runner.calls] == [["squeue", "-h", "-j", "12", "-o", "%T %l"]]

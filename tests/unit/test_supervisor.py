@@ -298,3 +298,108 @@ def test_no_requeue_on_a_save_for_a_job_that_may_not_be_requeued(tmp_path: Path)
     clock.now += 2
     sup.tick()
     assert calls["signal"] == ["URG"] and (ckpt / ".jobwrap-save-now").exists()
+
+
+def _following_the_limit(tmp_path: Path, limit_s: float):  # type: ignore[no-untyped-def]
+    """A supervisor whose ``time_limit`` is what Slurm says now (``limit["s"]``), and
+    that records its requeues."""
+    sup, state, clock, ckpt, _out, calls, _ = make(tmp_path, hang=0.0, time_limit=limit_s)
+    limit: dict[str, float | None] = {"s": limit_s}
+    sup.time_limit = lambda: limit["s"]
+    requeues: list[float] = []
+    sup.requeue_job = lambda: requeues.append(clock.now) or True
+    return sup, state, clock, ckpt, calls, limit, requeues
+
+
+def test_a_lowered_time_limit_moves_the_save_and_the_requeue_before_it(
+        tmp_path: Path) -> None:
+    """The limit Slurm gives now (lowered with scontrol update while the job runs), not
+    the one the job started with, decides when the job is asked to save."""
+    sup, state, clock, ckpt, calls, limit, requeues = _following_the_limit(tmp_path, 36000)
+    clock.now += 600
+    sup.tick()
+    assert calls["signal"] == []
+    limit["s"] = 1000  # 400 s left: inside the 300 s lead once 100 s more have passed
+    clock.now += 10
+    sup.tick()
+    assert calls["signal"] == []
+    clock.now += 100
+    sup.tick()
+    assert calls["signal"] == ["URG"] and (ckpt / ".jobwrap-save-now").exists()
+    [signalled] = [e for e in state.events() if e["event"] == "walltime.signal"]
+    assert signalled["seconds_left"] == 290
+    write_ckpt(ckpt, 7, clock.now - 6)
+    clock.now += 2
+    sup.tick()
+    [done] = [e for e in state.events() if e["event"] == "walltime.requeued"]
+    assert requeues == [clock.now] and done["seconds_left"] == 288
+
+
+def test_a_limit_raised_after_the_save_request_withdraws_it(tmp_path: Path) -> None:
+    sup, state, clock, ckpt, calls, limit, requeues = _following_the_limit(tmp_path, 600)
+    clock.now += 400
+    sup.tick()
+    assert calls["signal"] == ["URG"] and (ckpt / ".jobwrap-save-now").exists()
+    limit["s"] = 3600  # raised before the job saved: no early requeue for a limit gone
+    clock.now += 2
+    sup.tick()
+    assert not (ckpt / ".jobwrap-save-now").exists()
+    write_ckpt(ckpt, 7, clock.now - 6)
+    clock.now += 2
+    sup.tick()
+    assert requeues == [] and calls["signal"] == ["URG"]
+    clock.now = sup.record.start_time + 3600 - 200  # the new limit's lead: asked again
+    sup.tick()
+    assert calls["signal"] == ["URG", "URG"] and (ckpt / ".jobwrap-save-now").exists()
+    assert [e["event"] for e in state.events()].count("walltime.signal") == 2
+
+
+def _under_run(sup: Supervisor, *, runs: bool, steps: list[str]) -> list[int]:
+    killed: list[int] = []
+
+    def kill() -> list[str]:
+        killed.append(1)
+        return list(steps)
+
+    sup.under_run = lambda: runs
+    sup.kill_steps = kill
+    return killed
+
+
+def test_a_hang_under_jobwrap_run_ends_only_the_steps_and_is_followed_again(
+        tmp_path: Path) -> None:
+    sup, state, clock, _ckpt, out, calls, _ = make(tmp_path, hang=30)
+    facts: list[dict[str, object]] = []
+    sup.facts = facts.append
+    order: list[str] = []
+    sup.await_forensics = lambda: order.append("forensics")
+    killed = _under_run(sup, runs=True, steps=["77.0"])
+    sup.tick()
+    clock.now += 31
+    sup.tick()
+    assert order == ["forensics"] and killed == [1] and calls["end"] == []
+    assert [f["event"] for f in facts] == ["hang", "hang.in_place"]  # root reads both
+    [in_place] = [e for e in state.events() if e["event"] == "hang.in_place"]
+    assert in_place["steps"] == ["77.0"] and in_place["attempt"] == 0
+    clock.now += 20  # the restarted command: its hang timeout counts from the restart
+    sup.tick()
+    assert killed == [1]
+    out.write_text("step 4\n")
+    sup.tick()
+    clock.now += 31
+    sup.tick()  # it hangs again: the same again; jobwrap run's brakes decide
+    assert killed == [1, 1] and calls["end"] == []
+
+
+def test_a_hang_is_ended_as_before_without_jobwrap_run_or_without_steps(
+        tmp_path: Path) -> None:
+    for runs, steps in ((False, ["77.0"]), (True, [])):
+        base = tmp_path / f"{runs}-{len(steps)}"
+        base.mkdir()
+        sup, state, clock, *_rest, calls, _ = make(base, hang=30)
+        killed = _under_run(sup, runs=runs, steps=steps)
+        sup.tick()
+        clock.now += 31
+        sup.tick()
+        assert calls["end"] == ["hang"] and killed == ([1] if runs else [])
+        assert "hang.in_place" not in events(state)

@@ -94,7 +94,7 @@ def test_a_running_job_costs_slurmctld_one_call_a_minute(tmp_path: Path) -> None
     counts = per_minute(counted.calls, start, 10)
     assert max(counts) <= 1, counts
     assert sum(counts) >= 9  # it does ask: a job gone without an epilog is still seen
-    assert {name for _, name in counted.calls} == {"job_state"}
+    assert {name for _, name in counted.calls} == {"job_state_and_limit"}
     gaps = [b[0] - a[0] for a, b in zip(counted.calls, counted.calls[1:], strict=False)]
     assert min(gaps) >= SLURM_ASK_EVERY
 
@@ -124,7 +124,7 @@ def test_the_users_forged_epilog_event_ends_nothing(tmp_path: Path) -> None:
 
 def test_an_unreachable_slurmctld_is_not_asked_more_often(tmp_path: Path) -> None:
     class Down(FakeSlurm):
-        def job_state(self, job_id: str) -> str:
+        def job_state_and_limit(self, job_id: str) -> tuple[str, str]:
             raise SlurmError("slurm_load_jobs error: Unable to contact slurm controller")
 
     sup, state, clock, counted = supervised(tmp_path, Down(), unreachable_after=300)
@@ -162,3 +162,32 @@ def test_a_node_watcher_asks_slurmctld_once_in_ten_minutes_and_never_at_start(
     assert asked[0] >= WATCH_ASK_EVERY  # none at start
     state.append(ev.EpilogContext.KIND, attempt=0, node="n1", hook="epilog")
     assert look() == "COMPLETING" and len(slurm.calls) == 2
+
+
+def test_a_time_limit_changed_while_the_job_runs_is_followed_at_no_extra_call(
+        tmp_path: Path) -> None:
+    """``scontrol update JobId= TimeLimit=`` while the job runs: the supervisor's one
+    request a minute carries the limit, and the walltime signal follows the new one."""
+    fake = FakeSlurm(jobs={JOB: {"JobState": "RUNNING", "TimeLimit": "2:00:00"}})
+    sup, state, clock, counted = supervised(tmp_path, fake)
+    look = sup.job_state
+    assert isinstance(look, SlurmLook)
+    sup.time_limit = lambda: look.time_limit_s
+    start = clock.now
+    run_for(sup, clock, 120)
+    assert look.time_limit_s == 7200
+    assert not any(e["event"] == "walltime.signal" for e in state.events())
+    fake.jobs[JOB]["TimeLimit"] = "6:00"  # lowered to 6 min: 4 min left, inside the lead
+    sup.finished = False
+    run_for(sup, clock, 70)
+    assert look.time_limit_s == 360
+    [signalled] = [e for e in state.events() if e["event"] == "walltime.signal"]
+    assert 0 < signalled["seconds_left"] <= 360 - 120
+    assert {name for _, name in counted.calls} == {"job_state_and_limit"}
+    assert max(per_minute(counted.calls, start, 4)) <= 1
+    for unread in ("INVALID", "NOT_SET", ""):  # no limit in the answer: the last one holds
+        fake.jobs[JOB]["TimeLimit"] = unread
+        look._follow_limit(unread)
+        assert look.time_limit_s == 360
+    look._follow_limit("UNLIMITED")
+    assert look.time_limit_s is None

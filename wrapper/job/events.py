@@ -495,10 +495,20 @@ class Checkpoint(_BySupervisor):
 @kind("hang", writer="user")
 @dataclass(frozen=True)
 class Hang(_BySupervisor):
-    """No progress for the hang timeout: the supervisor ended the job (also a fact)."""
+    """No progress for the hang timeout: the supervisor ended the job, or only its steps
+    when ``hang.in_place`` follows (also a fact)."""
     idle_s: float = 0.0
     hang_timeout_s: float = 0.0
     last_checkpoint: str | None = None
+
+
+@kind("hang.in_place", writer="user")
+@dataclass(frozen=True)
+class HangInPlace(_BySupervisor):
+    """The job runs under ``jobwrap run``: after the hang (and its forensics) the
+    supervisor killed the job's steps only, and ``jobwrap run`` restarts its command in
+    the allocation (also a fact: the hang before it did not end the job)."""
+    steps: list[str] = field(default_factory=list)
 
 
 @kind("gpu.fault", writer="user")
@@ -527,6 +537,6 @@ class WalltimeRequeued(_BySupervisor):
 
 
 # The supervisor's reports root acts on, through its root-owned channel (wrapper.job.facts).
-FACT_KINDS = frozenset({Hang.KIND, GpuFault.KIND})
+FACT_KINDS = frozenset({Hang.KIND, HangInPlace.KIND, GpuFault.KIND})
 # What keeps a job from starting on a node: its data or its directives.
 REFUSALS = (StagingFailed.KIND, DirectivesInvalid.KIND)

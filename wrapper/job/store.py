@@ -127,6 +127,12 @@ class JobStore:
         """What the user's side wrote for ``attempt``: reports to re-verify, never facts."""
         return [e for e in self.events() if not e.from_root and e.attempt == attempt]
 
+    def under_run(self, attempt: int) -> bool:
+        """Whether the job's command runs under ``jobwrap run`` in ``attempt``: its
+        ``run.started``, the user's word (a job that lies about it decides only how its
+        own steps are ended)."""
+        return any(isinstance(e, ev.RunStarted) for e in self.user_claims(attempt))
+
     def _root(self, events: Iterable[ev.Event] | None) -> list[ev.Event]:
         if events is None:
             return self.root_events()

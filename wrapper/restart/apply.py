@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING
 from wrapper import log
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
-from wrapper.restart.classify import COLLECTIVE_TIMEOUT, KILLED, USER_ERROR, Classification
+from wrapper.restart.classify import (
+    COLLECTIVE_TIMEOUT,
+    HANG,
+    KILLED,
+    USER_ERROR,
+    Classification,
+)
 from wrapper.restart.evidence import USER_IO_TIMEOUT, Gathered
 from wrapper.restart.policy import Decision
 
@@ -81,9 +87,9 @@ def requeue(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend
 
 
 # What ``jobwrap run`` restarts inside the allocation as well as a requeue would: a rank
-# killed or crashed, a collective that lost its peer. (A hang ends the whole job, and a
-# node's fault wants other nodes: those go through the queue either way.)
-IN_PLACE_KINDS = frozenset({KILLED, USER_ERROR, COLLECTIVE_TIMEOUT})
+# killed or crashed, a collective that lost its peer, a hang (the supervisor then ends
+# the job's steps only). (A node's fault wants other nodes: the queue's, or a spare's.)
+IN_PLACE_KINDS = frozenset({KILLED, USER_ERROR, COLLECTIVE_TIMEOUT, HANG})
 
 
 def in_place_hint(verdict: Classification, decision: Decision, *, used_run: bool) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import field
 
-from wrapper.job.events import GpuFault, Hang
+from wrapper.job.events import GpuFault, Hang, HangInPlace
 from wrapper.lean import dataclass
 
 # Classes, and whether a retry can help at all (the policy decides whether it will).
@@ -123,7 +123,7 @@ def classify(ev: Evidence) -> Classification:
     unconfirmed = list(ev.unconfirmed)
     if GpuFault.KIND in ev.supervisor_events:
         unconfirmed.append("the supervisor's GPU fault")
-    if Hang.KIND in ev.supervisor_events:
+    if ended_by_hang(ev.supervisor_events):
         return Classification(HANG, "no progress and no output for the hang timeout; "
                               "jobwrap ended the job", "hang")
     if state == "TIMEOUT":
@@ -198,6 +198,15 @@ _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (\S+)')
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|"
                         r"KeyboardInterrupt|StopIteration|[A-Z]\w*))(?::\s?(.*))?$")
 _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen ")
+
+
+def ended_by_hang(supervisor_events: tuple[str, ...]) -> bool:
+    """Whether the supervisor's facts say a hang ended the attempt: a ``hang`` not
+    followed by ``hang.in_place`` (the supervisor then killed only the job's steps, and
+    ``jobwrap run`` restarted its command: the attempt ends as that command ends)."""
+    last = next((name for name in reversed(supervisor_events)
+                 if name in (Hang.KIND, HangInPlace.KIND)), "")
+    return last == Hang.KIND
 
 
 def _sigkill(ev: Evidence) -> str:

@@ -223,6 +223,23 @@ class CliBackend:
             raise SlurmError(f"command {' '.join(argv)!r} failed: {res.stderr.strip()}")
         return res.stdout.strip().split("\n")[0].strip()
 
+    def job_state_and_limit(self, job_id: str) -> tuple[str, str]:
+        """The job's state and its time limit now, as squeue prints them (``RUNNING``,
+        ``1:00:00``), in the one request :meth:`job_state` makes; ``("", "")`` once Slurm
+        no longer lists it. The limit is the job's current one: ``scontrol update
+        JobId= TimeLimit=`` moves it while the job runs."""
+        argv = [self.config.squeue_command, "-h", "-j", _job_id(job_id), "-o", "%T %l"]
+        try:
+            res = self.runner.run(argv, timeout=self.config.command_timeout, check=False)
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+        if res.returncode != 0:
+            if "Invalid job id" in res.stderr:
+                return "", ""
+            raise SlurmError(f"command {' '.join(argv)!r} failed: {res.stderr.strip()}")
+        state, _, limit = res.stdout.strip().split("\n")[0].strip().partition(" ")
+        return state, limit.strip()
+
     def job_steps(self, job_id: str) -> list[str]:
         """The job's running steps (``123.0``), without its batch and extern steps."""
         argv = [self.config.squeue_command, "-h", "-s", "-j", _job_id(job_id), "-o", "%i"]

@@ -72,6 +72,10 @@ class FakeSlurm:
     def job_state(self, job_id: str) -> str:
         return self.jobs.get(job_id, {}).get("JobState", "")
 
+    def job_state_and_limit(self, job_id: str) -> tuple[str, str]:
+        job = self.jobs.get(job_id, {})
+        return job.get("JobState", ""), job.get("TimeLimit", "")
+
     def job_steps(self, job_id: str) -> list[str]:
         return []
 

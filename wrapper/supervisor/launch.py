@@ -112,15 +112,31 @@ def supervise(job_id: str, cfg: Config) -> int:
             return False
         return True
 
+    def kill_steps() -> list[str]:
+        # The job's steps by id (its batch script, and jobwrap run in it, go on).
+        try:
+            return backend.kill_steps(job_id)
+        except JobwrapError as exc:
+            log.get().warning("supervisor.kill_steps_failed", error=str(exc))
+            return []
+
+    def under_run() -> bool:
+        from wrapper.job.store import JobStore
+
+        return JobStore(state).under_run(attempt)
+
     from wrapper.restart import resume as resume_mod
 
     options = record.job_options
     may_requeue = cfg.supervisor.walltime_requeue and not options.no_requeue and \
         attempt < resume_mod.max_restarts(options, cfg)
     job_state = SlurmLook(backend, job_id, state, attempt,
-                          unreachable_after=cfg.supervisor.slurm_unreachable)
+                          unreachable_after=cfg.supervisor.slurm_unreachable,
+                          time_limit_s=record.time_limit_s)
     supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
+                            time_limit=lambda: job_state.time_limit_s,
+                            under_run=under_run, kill_steps=kill_steps,
                             gpu_faults=_gpu_fault_reader(cfg, record),
                             facts=channel.write if channel else None,
                             await_forensics=_forensics_waiter(cfg, state, attempt),
@@ -135,15 +151,18 @@ class SlurmLook:
     The job's end is seen here first: its epilog on this node writes root's
     epilog.context. Slurm itself is asked at most once every SLURM_ASK_EVERY seconds (a
     job gone without an epilog: node failure), not at every look: at steady state a
-    supervisor costs slurmctld one call per minute.
+    supervisor costs slurmctld one call per minute. The same answer carries the job's
+    time limit now (:attr:`time_limit_s`): one changed with ``scontrol update JobId=
+    TimeLimit=`` while the job runs is followed within ``ask_every``, at no extra call.
     """
 
     def __init__(self, backend: SlurmBackend, job_id: str, state: JobState, attempt: int, *,
                  unreachable_after: float, ask_every: float = SLURM_ASK_EVERY,
-                 ask_at_once: bool = True,
+                 ask_at_once: bool = True, time_limit_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``ask_every``: the fewest seconds between two asks; ``ask_at_once``: the first
-        look asks (else the first ask waits ``ask_every``: the prolog just saw the job)."""
+        look asks (else the first ask waits ``ask_every``: the prolog just saw the job);
+        ``time_limit_s``: the limit known before the first answer (the job's record)."""
         self.backend = backend
         self.job_id = job_id
         self.state = state
@@ -153,6 +172,7 @@ class SlurmLook:
         self.clock = clock
         self.asked: float | None = None if ask_at_once else clock()
         self.unreachable_since: float | None = None
+        self.time_limit_s = time_limit_s  # seconds; None: unlimited
 
     def __call__(self) -> str:
         if any(e.get("event") == ev.EpilogContext.KIND and e.get("attempt") == self.attempt
@@ -163,7 +183,7 @@ class SlurmLook:
             return "RUNNING"
         self.asked = now
         try:
-            state_now = self.backend.job_state(self.job_id)
+            state_now, limit = self.backend.job_state_and_limit(self.job_id)
         except JobwrapError as exc:
             log.get().warning("supervisor.slurm_unreachable", error=str(exc))
             if self.unreachable_since is None:
@@ -172,7 +192,21 @@ class SlurmLook:
                 return "UNREACHABLE"  # not RUNNING: the supervisor ends, the epilog decides
             return "RUNNING"  # keep watching; Slurm may be back on the next look
         self.unreachable_since = None
+        self._follow_limit(limit)
         return state_now
+
+    def _follow_limit(self, text: str) -> None:
+        """Take the limit Slurm gave; one it did not give, or that does not read (squeue's
+        ``INVALID``, ``NOT_SET``), leaves the last one known."""
+        from wrapper.slurm.records import time_limit_seconds
+
+        text = text.strip()
+        limit = None if text.upper() in ("UNLIMITED", "INFINITE") else time_limit_seconds(text)
+        if limit is None and text.upper() not in ("UNLIMITED", "INFINITE"):
+            return
+        if limit != self.time_limit_s:
+            log.get().info("supervisor.time_limit", was_s=self.time_limit_s, now_s=limit)
+            self.time_limit_s = limit
 
 
 def _open_log(state: JobState, uid: int) -> int | None:

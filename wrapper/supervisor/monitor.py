@@ -6,10 +6,11 @@ user-writable event file (for ``jobwrap status``; there they are only claims): n
 checkpoints and their steps (progress), a hang (no new checkpoint and no output for the
 hang timeout, fixed by ``--hang-timeout`` or learned from the job's
 own cadence: max(hang_floor, hang_k x the longest gap between two signs of progress);
-it ends the job so that it can be requeued), GPU faults on the job's GPUs
-(it ends the job; the root epilog drains the node after its own check), and the
-walltime (it sends the job's steps a checkpoint signal before the limit when the job
-did not ask for one). Each tick costs a few ``stat`` calls and one directory listing;
+it ends the job so that it can be requeued, or, when the job's command runs under
+``jobwrap run``, only its steps, which ``jobwrap run`` restarts in place), GPU faults on
+the job's GPUs (it ends the job; the root epilog drains the node after its own check),
+and the walltime (it sends the job's steps a checkpoint signal before the limit when
+the job did not ask for one). Each tick costs a few ``stat`` calls and one directory listing;
 Slurm is asked far less often.
 
 What the epilog acts on (a hang it ended the job for, a GPU fault) it also writes to
@@ -62,6 +63,9 @@ class Supervisor:
                  facts: Callable[[dict[str, Any]], None] | None = None,
                  await_forensics: Callable[[], None] | None = None,
                  requeue_job: Callable[[], bool] | None = None,
+                 time_limit: Callable[[], float | None] | None = None,
+                 under_run: Callable[[], bool] | None = None,
+                 kill_steps: Callable[[], list[str]] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.record = record
         self.state = state
@@ -74,6 +78,13 @@ class Supervisor:
         self.facts = facts
         self.await_forensics = await_forensics  # the node watchers' stacks, before the end
         self.requeue_job = requeue_job  # None: this job is not requeued on a save
+        # the job's time limit now (Slurm's last answer: scontrol update moves it while
+        # the job runs); None: the record's, read at the job's start
+        self.time_limit = time_limit
+        # whether the job's command runs under ``jobwrap run`` this attempt, and how to end
+        # its steps only (the steps ended): a hang is then restarted in place
+        self.under_run = under_run
+        self.kill_steps = kill_steps
         self.clock = clock
         options = record.job_options
         # --hang-timeout=off is 0; not given: the site's fixed default, else learned
@@ -110,7 +121,8 @@ class Supervisor:
                        last_checkpoint=self.seen.checkpoint)
             if self.await_forensics is not None:
                 self.await_forensics()
-            self._end(ev.Hang.KIND)
+            if not self._restart_in_place():
+                self._end(ev.Hang.KIND)
         if self.gpu_faults is not None and now >= self._next_gpu:
             self._next_gpu = now + self.cfg.gpu_interval
             for fault in self.gpu_faults():
@@ -187,8 +199,14 @@ class Supervisor:
             self.seen.output_size = size
 
     def _walltime(self, now: float) -> None:
-        limit, start = self.record.time_limit_s, self.record.start_time
-        if self.record.asked_signal or not limit or not start:
+        limit = self.time_limit() if self.time_limit is not None else self.record.time_limit_s
+        start = self.record.start_time
+        if self.record.asked_signal or not start:
+            return
+        if self.seen.signalled and not self.seen.requeued and \
+                (not limit or now < start + limit - self.cfg.walltime_lead):
+            self._limit_raised(limit)  # the request was for a limit the job no longer has
+        if not limit:
             return
         if self.seen.signalled:
             self._requeue_when_saved(now, start + limit)
@@ -199,6 +217,15 @@ class Supervisor:
             touched = self._ask_for_a_save(now)
             self.event(ev.WalltimeSignal.KIND, signal=self.cfg.walltime_signal,
                        seconds_left=round(start + limit - now), save_file=touched)
+
+    def _limit_raised(self, limit: float | None) -> None:
+        """The limit was raised (or lifted) after the save request: withdraw it, so that
+        the job is not requeued early for nothing; the signal and the request come again
+        ``walltime_lead`` before the new limit."""
+        self.logger.info("supervisor.walltime_withdrawn", time_limit_s=limit)
+        self.seen.signalled = False
+        self.seen.save_asked = 0.0
+        self.remove_save_file()
 
     def _ask_for_a_save(self, now: float) -> str:
         """Touch the save file (the job user's checkpoint folder, our rights); its path,
@@ -237,6 +264,25 @@ class Supervisor:
         if path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+    def _restart_in_place(self) -> bool:
+        """Under ``jobwrap run`` this attempt, end the job's steps only, not the job:
+        ``jobwrap run`` sees its command fail after this attempt's hang and restarts it
+        inside the allocation from the latest valid checkpoint, under its brakes
+        (--max-restarts, no progress). False, and the job is ended as without it, when it
+        does not run under ``jobwrap run`` or has no step to end (a command that runs no
+        srun step)."""
+        if self.kill_steps is None or self.under_run is None or not self.under_run():
+            return False
+        steps = self.kill_steps()
+        if not steps:
+            return False
+        self.logger.warning("supervisor.steps_killed", why=ev.Hang.KIND, steps=steps)
+        self.event(ev.HangInPlace.KIND, steps=steps)
+        # the restarted command starts afresh: its start-up is not a gap of its cadence
+        self.seen.last_progress = self.clock()
+        self.seen.progress_count = 0
+        return True
 
     def _end(self, why: str) -> None:
         if self.seen.ended_by_us:

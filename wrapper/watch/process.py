@@ -116,8 +116,9 @@ def spare_may_take(state: JobState, node: str, attempt: int) -> bool:
         return False
     if not record.job_options.spare_nodes or node == record.first_node:
         return False
-    return any(e.get("event") == ev.RunStarted.KIND and e.get("attempt") == attempt
-               for e in state.events())
+    from wrapper.job.store import JobStore
+
+    return JobStore(state).under_run(attempt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
