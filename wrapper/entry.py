@@ -5,7 +5,7 @@ Slurm runs ``jobwrap prolog`` on the start path of every job (``epilog`` and
 ``task-prolog`` likewise): importing click and building the whole command group would be
 a large part of the hook's own time, so exactly those command lines skip it. Any other
 command line, ``jobwrap prolog --help`` and ``jobwrap -v prolog`` included, goes to
-click, which does the same for them (tests/unit/test_entry.py keeps the two in step).
+click, which does the same for them (tests/unit/hooks/test_entry.py keeps the two in step).
 """
 
 from __future__ import annotations

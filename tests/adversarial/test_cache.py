@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_staging_support import digest, public_dir, tmpfs
+from tests.support.staging import digest, public_dir, tmpfs
 from wrapper.errors import UserInputError
 from wrapper.staging import Cache, StageSettings, UserIds, parse_stage_in, prepare_scratch
 from wrapper.staging import stage_in as copy_in

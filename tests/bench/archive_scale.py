@@ -128,7 +128,7 @@ def build(n: int) -> Path:
 
 def _templates(base: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Seven jobs archived by the epilog's own call, as root."""
-    from tests.unit.test_archive_support import config, record, run_attempt, state
+    from tests.support.archive import config, record, run_attempt, state
     from wrapper.archive import archive_attempt
     from wrapper.osl.users import UserIds
 

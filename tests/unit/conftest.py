@@ -1,4 +1,4 @@
-"""Fixtures of the unit tier beyond those in tests/support.py."""
+"""Fixtures of the unit tier beyond those in tests/support/."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_staging_support import public_dir
+from tests.support.staging import public_dir
 
 
 @pytest.fixture

@@ -35,8 +35,9 @@ def test_user_facing_tests_pass_from_a_checkout_only_root_can_enter() -> None:
         env = {**os.environ, "PYTHONPATH": str(copy)}
         res = subprocess.run(
             [python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             "tests/unit/test_loginguard_scan.py::test_cpu_is_measured_between_scans_including_"
-             "new_processes", "tests/unit/test_loginguard_cli.py::test_dry_run_acts_on_nothing"],
+             "tests/unit/loginguard/test_loginguard_scan.py::"
+             "test_cpu_is_measured_between_scans_including_new_processes",
+             "tests/unit/loginguard/test_loginguard_cli.py::test_dry_run_acts_on_nothing"],
             cwd=copy, env=env, capture_output=True, text=True, timeout=300, check=False)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
         assert "2 passed" in res.stdout and "failed" not in res.stdout

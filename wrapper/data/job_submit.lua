@@ -9,7 +9,7 @@ which fills SITE below from the jobwrap config.
 The directive rules and messages are those of wrapper/directives.py (parse_script), and
 for --stage-in/--stage-out those of wrapper/staging/spec.py, so a job is refused here,
 by sbatch, with the very message the prolog would have written hours later.
-tests/unit/test_lua_agreement.py holds them to the same table and to generated headers.
+tests/unit/submit/test_lua_agreement.py holds them to the same table and to generated headers.
 
 Written for Lua 5.1 (what Debian's Slurm 22.05 plugin links) and 5.3: no goto, no
 integer division, no bit operators, no table.unpack.

@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from wrapper.hooks import run_hook
+from wrapper.job.state import JobState
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> dict[str, Path]:
+    config = tmp_path / "jobwrap.toml"
+    config.write_text(f'[paths]\nstate_dir = "{tmp_path}/state"\n'
+                      f'scratch_root = "{tmp_path}/scratch"\n'
+                      f'[log]\nfile = "{tmp_path}/jobwrap.log"\n'
+                      f'[gpu]\nbackend = "fake"\nfake_inventory = "{FIXTURES}/healthy-4.toml"\n')
+    return {"config": config, "state": tmp_path / "state", "log": tmp_path / "jobwrap.log",
+            "scratch": tmp_path / "scratch"}
+
+
+def slurm_env(hook: str, **extra: str) -> dict[str, str]:
+    env = {"SLURM_JOB_ID": "31", "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0",
+           "SLURM_JOB_GID": "0", "SLURMD_NODENAME": "n1", "SLURM_NODELIST": "n1",
+           "SLURM_JOB_GPUS": "1,3", "SLURM_JOB_RESTART_COUNT": "1"}
+    if hook != "task-prolog":
+        env["SLURM_SCRIPT_CONTEXT"] = f"{hook}_slurmd"
+    return {**env, **extra}
+
+
+def test_prolog_records_the_context(site: dict[str, Path]) -> None:
+    assert run_hook("prolog", config_path=str(site["config"]), env=slurm_env("prolog")) == 0
+    events = JobState(site["state"], "31").events()
+    [event] = [e for e in events if e["event"] == "prolog.context"]
+    [health] = [e for e in events if e["event"] == "health"]
+    assert health["verdict"] == "pass"  # the fake inventory's GPUs 1 and 3 are healthy
+    assert event["context"]["gpus"] == [1, 3]
+    assert event["context"]["node"] == "n1"
+    assert event["attempt"] == 1
+
+
+def test_every_log_event_carries_hook_job_node_attempt(site: dict[str, Path]) -> None:
+    run_hook("prolog", config_path=str(site["config"]), env=slurm_env("prolog"))
+    lines = [json.loads(x) for x in site["log"].read_text().splitlines()]
+    assert lines, "the prolog logged nothing"
+    for line in lines:
+        assert (line["hook"], line["job_id"], line["node"], line["attempt"]) == \
+            ("prolog", "31", "n1", 1)
+        assert "timestamp" in line and "level" in line
+
+
+def test_task_prolog_exports(site: dict[str, Path]) -> None:
+    run_hook("prolog", config_path=str(site["config"]), env=slurm_env("prolog"))
+    out = io.StringIO()
+    env = slurm_env("task-prolog", SLURM_RESTART_COUNT="1")
+    assert run_hook("task-prolog", config_path=str(site["config"]), env=env, out=out) == 0
+    assert out.getvalue().splitlines() == [
+        "export JOBWRAP_ATTEMPT=1",
+        f"export JOBWRAP_SCRATCH={site['scratch']}/31",
+        # not /etc/jobwrap/config.toml: jobwrap commands inside the job read the same one
+        f"export JOBWRAP_CONFIG={site['config']}",
+        # attempt 1 of the batch step: the user is told why and from where it runs
+        "print jobwrap: attempt 1; no valid checkpoint: starting from the beginning",
+    ]
+    events = [e for e in JobState(site["state"], "31").events() if "context" in e["event"]]
+    assert [(e["event"], e["source"]) for e in events] == [
+        ("prolog.context", "root"), ("task-prolog.context", "user")]
+
+
+def test_a_task_without_its_prolog_gets_its_env_and_ends_before_the_jobs_code(
+        site: dict[str, Path]) -> None:
+    out = io.StringIO()  # no prolog ran on n1 for attempt 1: root's record has none
+    assert run_hook("task-prolog", config_path=str(site["config"]),
+                    env=slurm_env("task-prolog"), out=out) == 1
+    lines = out.getvalue().splitlines()
+    assert "export JOBWRAP_ATTEMPT=1" in lines
+    assert lines[-1].startswith("print jobwrap: the job did not start on n1: jobwrap's "
+                                "prolog did not run on n1 for attempt 1")
+    assert "requeued away from n1" in lines[-1]
+
+
+def test_a_prolog_of_another_attempt_or_node_does_not_vouch(site: dict[str, Path]) -> None:
+    for node, attempt in (("n1", "0"), ("n2", "1")):  # Slurm skipped attempt 1 on n1
+        assert run_hook("prolog", config_path=str(site["config"]),
+                        env=slurm_env("prolog", SLURMD_NODENAME=node,
+                                      SLURM_JOB_RESTART_COUNT=attempt)) == 0
+    # The user's own file cannot vouch for a check either.
+    JobState(site["state"], "31").append("prolog.context", as_user=True, node="n1",
+                                         attempt=1, hook="prolog")
+    out = io.StringIO()
+    assert run_hook("task-prolog", config_path=str(site["config"]),
+                    env=slurm_env("task-prolog"), out=out) == 1
+    assert "did not run on n1 for attempt 1" in out.getvalue()
+
+
+def test_with_unchecked_attempt_run_the_task_runs_and_is_told(site: dict[str, Path]) -> None:
+    site["config"].write_text(site["config"].read_text() +
+                              '[hooks]\nunchecked_attempt = "run"\n')
+    out = io.StringIO()
+    assert run_hook("task-prolog", config_path=str(site["config"]),
+                    env=slurm_env("task-prolog"), out=out) == 0
+    assert "export JOBWRAP_ATTEMPT=1" in out.getvalue()
+    assert "print jobwrap: warning: jobwrap's prolog did not run on n1 for attempt 1" \
+        in out.getvalue()
+
+
+def test_bad_config_inside_slurm_lets_the_job_run(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[paths]\nstate_dir = 5\n")
+    err = io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stderr(err):
+        code = run_hook("prolog", config_path=str(bad), env=slurm_env("prolog"))
+    assert code == 0
+    assert "hook.failed" in err.getvalue()
+    assert "[paths] state_dir = 5" in err.getvalue()
+
+
+def test_bad_config_by_hand_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[paths]\nstate_dir = 5\n")
+    env = slurm_env("prolog")
+    del env["SLURM_SCRIPT_CONTEXT"]
+    assert run_hook("prolog", config_path=str(bad), env=env) == 2
+
+
+def test_not_under_slurm_exits_2(site: dict[str, Path]) -> None:
+    assert run_hook("epilog", config_path=str(site["config"]), env={}) == 2
+
+
+def test_unwritable_state_is_not_a_node_fault(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config.write_text(f'[paths]\nstate_dir = "{blocker}/state"\n[log]\nfile = ""\n')
+    assert run_hook("prolog", config_path=str(config), env=slurm_env("prolog")) == 0

@@ -1,0 +1,132 @@
+"""No attempt runs unchecked: a node where Slurm skipped jobwrap's prolog for an attempt.
+
+slurmd before 23.02 skips the Prolog of a job requeued back onto a node within seconds
+(its credential cache still holds the job id). The task-prolog then ends the attempt's
+tasks there (tests/unit/hooks/test_hooks.py); these tests cover what root does after: the first
+node's decision classes the attempt ``unchecked`` and requeues it away from that node
+(tests/unit/restart/test_epilog_matrix.py), another node's epilog excludes itself from the
+requeue, and nothing the job prints can pass for Slurm's skip.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.unit.restart.test_epilog_matrix import JOB, setup
+from wrapper.config import ChecksConfig
+from wrapper.hooks import Services
+from wrapper.hooks import epilog as epilog_mod
+from wrapper.hooks.epilog import decide_attempt
+from wrapper.job import events as ev
+from wrapper.job.store import JobStore
+from wrapper.restart.classify import Classification
+from wrapper.restart.policy import Decision, PastAttempt, decide
+from wrapper.slurm.context import JobContext
+
+
+@pytest.mark.parametrize("action", ["requeue", "run"])
+def test_another_nodes_epilog_keeps_the_next_attempt_off_it(tmp_path: Path,
+                                                           action: str) -> None:
+    _ctx, cfg, state, _record, slurm, _ = setup(tmp_path, "user_error", "first", True)
+    cfg = cfg.replace(checks=ChecksConfig(epilog=False),
+                      hooks=cfg.hooks.replace(unchecked_attempt=action))
+    store = JobStore(state)
+    store.record(ev.PrologContext(node="n2", hook="prolog", attempt=0))
+    store.record(ev.EpilogContext(node="n2", hook="epilog", attempt=0))
+    # Attempt 1: the prolog ran on n1 (the first node), Slurm skipped it on n2.
+    store.record(ev.PrologContext(node="n1", hook="prolog", attempt=1))
+    ctx = JobContext(hook="epilog", job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(),
+                     node="n2", nodes=["n1", "n2"], gpus=[0], attempt=1, exit_code=1,
+                     exit_signal=0)
+    spawned: list[Sequence[str]] = []
+    services = Services(cfg, slurm_factory=lambda: slurm, spawn=spawned.append,
+                        gpu_confirm=lambda node, gpus: [])
+    assert epilog_mod.run(ctx, cfg, io.StringIO(), {}, services=services) == 0
+    [marked] = [e for e in store.root_events() if isinstance(e, ev.AttemptUnchecked)]
+    assert (marked.node, marked.attempt, marked.excluded) == ("n2", 1, action == "requeue")
+    assert "jobwrap's prolog did not run on n2 for attempt 1" in marked.reason
+    releases = [list(argv)[list(argv).index("release"):] for argv in spawned
+                if "release" in argv]
+    assert releases == ([["release", JOB, "--exclude", "n2"]] if action == "requeue" else [])
+    assert not slurm.did("requeue")  # the requeue is the first node's decision
+
+
+def test_a_node_whose_prolog_ran_marks_nothing(tmp_path: Path) -> None:
+    _ctx, cfg, state, _record, slurm, _ = setup(tmp_path, "user_error", "first", True)
+    cfg = cfg.replace(checks=ChecksConfig(epilog=False))
+    store = JobStore(state)
+    store.record(ev.PrologContext(node="n2", hook="prolog", attempt=0))
+    ctx = JobContext(hook="epilog", job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(),
+                     node="n2", nodes=["n1", "n2"], gpus=[0], attempt=0, exit_code=1,
+                     exit_signal=0)
+    spawned: list[Sequence[str]] = []
+    epilog_mod.run(ctx, cfg, io.StringIO(), {},
+                   services=Services(cfg, slurm_factory=lambda: slurm, spawn=spawned.append))
+    assert not [e for e in store.root_events() if isinstance(e, ev.AttemptUnchecked)]
+    assert spawned == []
+
+
+def test_the_jobs_own_words_cannot_pass_for_a_skipped_prolog(tmp_path: Path) -> None:
+    """The gate's line printed by the job, and a user event claiming the skip, with root's
+    prolog record present: the job's own failure, counted against it."""
+    ctx, cfg, state, record, slurm, _ = setup(tmp_path, "user_error", "first", True)
+    Path(record.stdout).write_text(
+        "jobwrap: the job did not start on n1: jobwrap's prolog did not run on n1 for "
+        "attempt 0 (slurmd before 23.02 skips it ...)\n")
+    state.append("attempt.unchecked", as_user=True, node="n1", attempt=0, reason="forged")
+    decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+                                 services=Services(cfg, spawn=lambda argv: None))
+    end = JobStore(state).last_end()
+    assert isinstance(end, ev.AttemptEnd)
+    assert end.kind == "user_error"
+    assert decision.exclude_nodes == []
+
+
+def test_with_unchecked_attempt_run_the_attempt_is_judged_as_it_ran(tmp_path: Path) -> None:
+    ctx, cfg, state, record, slurm, _ = setup(tmp_path, "unchecked", "first", True)
+    cfg = cfg.replace(hooks=cfg.hooks.replace(unchecked_attempt="run"))
+    Path(record.stdout).write_text("ValueError: bad input\n")
+    decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+                   services=Services(cfg, spawn=lambda argv: None))
+    end = JobStore(state).last_end()
+    assert isinstance(end, ev.AttemptEnd)
+    assert end.kind == "user_error"
+
+
+def _decide(kind: str, signature: str, attempt: int, max_restarts: int,
+            history: list[tuple[str, str]]) -> Decision:
+    """The policy for ``attempt`` ending in ``kind``, after ``history``'s (kind, signature)."""
+    return decide(Classification(kind, signature, signature), attempt=attempt,
+                  max_restarts=max_restarts, no_requeue=False,
+                  history=[PastAttempt(i, k, sig, None) for i, (k, sig) in enumerate(history)],
+                  checkpoint_step=None, checkpoint_path=None, node="n1", no_progress_limit=0)
+
+
+def test_an_attempt_slurm_ran_unchecked_spends_none_of_the_jobs_restarts() -> None:
+    # attempts 0 (killed) and 1 (unchecked): attempt 2 is the job's 1st restart of 1
+    at_limit = _decide("killed", "killed", 2, 1, [("killed", "killed"),
+                                                   ("unchecked", "unchecked")])
+    assert at_limit.action == "stop" and "restart limit reached (1 of" in at_limit.reason
+    room = _decide("killed", "killed", 1, 1, [("unchecked", "unchecked")])
+    assert room.action == "requeue" and "restart 1 of at most 1" in room.reason
+
+
+def test_slurm_skipping_the_prolog_again_and_again_ends() -> None:
+    again = _decide("unchecked", "unchecked", 2, 2, [("user_error", "exit:1"),
+                                                     ("unchecked", "unchecked")])
+    assert again.action == "requeue" and again.exclude_nodes == ["n1"]
+    assert "its code did not run" in again.reason
+    stop = _decide("unchecked", "unchecked", 2, 1, [("unchecked", "unchecked")] * 2)
+    assert stop.action == "stop" and "skipped jobwrap's prolog 3 times" in stop.reason
+
+
+def test_the_same_error_on_both_sides_of_a_skip_is_still_the_same_error() -> None:
+    decision = _decide("user_error", "ValueError: x", 2, 5, [("user_error", "ValueError: x"),
+                                                             ("unchecked", "unchecked")])
+    assert decision.action == "stop" and "the same error ended attempts 0 and 2" in \
+        decision.reason
