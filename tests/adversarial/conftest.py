@@ -87,4 +87,5 @@ def as_user(cluster: Cluster, user: str, argv: list[str], *, timeout: float = 30
     env = {"PATH": path["PATH"], "SLURM_CONF": str(cluster.conf),
            "HOME": pwd.getpwnam(user).pw_dir, "LANG": "C.UTF-8"}
     return subprocess.run(["/usr/sbin/runuser", "-u", user, "--", *argv], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+                          capture_output=True, text=True, errors="replace", timeout=timeout,
+                          check=False)

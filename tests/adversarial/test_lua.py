@@ -13,31 +13,17 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-from tests.adversarial.conftest import RIVAL
+from tests.adversarial.conftest import RIVAL, as_user
 from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 from wrapper.sandbox.cluster import Cluster
 
 PLAIN = "#!/bin/bash\n#SBATCH --time=5\necho plain\n"
-
-
-def as_user(cluster: Cluster, user: str, argv: list[str], *,
-            timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """``argv`` run by ``user``, with the sandbox's Slurm in its environment.
-
-    (conftest's ``as_user`` looks runuser up on a PATH without /usr/sbin.)"""
-    runuser = shutil.which("runuser") or "/usr/sbin/runuser"
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "SLURM_CONF": str(cluster.conf),
-           "HOME": pwd.getpwnam(user).pw_dir, "LANG": "C.UTF-8"}
-    return subprocess.run([runuser, "-u", user, "--", *argv], env=env, cwd="/",
-                          capture_output=True, text=True, errors="replace", timeout=timeout,
-                          check=False)
 
 
 def _write_script(cluster: Cluster, name: str, data: bytes, user: str | None = None) -> Path:

@@ -73,7 +73,9 @@ def test_faulty_gpu_drains_its_node_and_the_job_runs_elsewhere(cluster: Cluster)
         # a node an admin drained by hand stays drained, healthy or not
         scontrol(cluster, "update", "NodeName=n2", "State=DRAIN", "Reason=admin: cabling")
         res = jobwrap(cluster, "check", "--resume", "--node", "n2")
-        assert node_reason(cluster, "n2") == ("drained", "admin: cabling"), res.stdout
+        # draining while the job that ran there still completes, drained after
+        state, reason = node_reason(cluster, "n2")
+        assert state.startswith("drain") and reason == "admin: cabling", (state, res.stdout)
     finally:
         cluster.set_gpu_faults("n1")
         for node in ("n1", "n2"):  # whatever state the test left them in
