@@ -9,7 +9,8 @@ there when root found a node of the job faulty (a watcher's GPU fault, a drain w
 jobwrap's reason, a node Slurm lost): the command's status ends the job, and the
 epilog's requeue puts it on healthy nodes, unless the job holds spare nodes
 (``--spare-nodes``): then the faulty node is given back and the work restarts at once on
-the healthy ones with a spare in its place, inside the allocation (:class:`Spares`).
+the healthy ones with a spare in its place, inside the allocation
+(:class:`wrapper.restart.spares.Spares`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import field
 from types import FrameType
 from typing import IO, TYPE_CHECKING
@@ -33,10 +34,10 @@ from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
 from wrapper.restart.classify import HANG, Classification, Evidence, classify
 from wrapper.restart.policy import PastAttempt, decide
+from wrapper.restart.spares import Spares, faulty_nodes, record_claim, working_before
 
 if TYPE_CHECKING:
-    from wrapper.job.events import Event
-    from wrapper.slurm import SlurmBackend
+    pass
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)
@@ -76,7 +77,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
     options = with_directives(options, cfg)
     max_restarts = resume_mod.max_restarts(options, cfg)
     base_attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    spares = Spares.of(options, os.environ, working=_working_before(cfg))
+    spares = Spares.of(options, os.environ, working=working_before(cfg))
     _record_start(cfg, command, base_attempt, spares.left if spares is not None else 0)
     if spares is not None:
         say(f"jobwrap run: working on {spares.working} of the job's {len(spares.nodes)} "
@@ -211,136 +212,6 @@ def with_directives(options: JobOptions, cfg: Config) -> JobOptions:
     return JobOptions.from_dict(merged)
 
 
-@dataclass
-class Spares:
-    """The job's nodes under ``--spare-nodes``: the first ``working`` of ``nodes`` (the
-    allocation now) carry the work, the rest wait, watched by their node watchers.
-
-    srun places a step on the allocation's first nodes in its order, so the command's
-    environment saying ``working`` nodes (``SLURM_JOB_NUM_NODES``, srun's ``-N``) keeps
-    its steps off the spares, in nested scripts too. When a node fails, it is given back
-    (``scontrol update JobId= NodeList=``; one Slurm lost is gone already under
-    ``--no-kill``) and the next spare in order becomes a working node."""
-
-    working: int
-    nodes: list[str]
-    used: int = 0
-
-    @property
-    def left(self) -> int:
-        return len(self.nodes) - self.working
-
-    @classmethod
-    def of(cls, options: JobOptions, environ: Mapping[str, str], *,
-           working: int | None = None) -> Spares | None:
-        """``working``: the count an earlier attempt worked on, when it used spares (a
-        job that gave nodes back is requeued with fewer: its spares are spent)."""
-        from wrapper.slurm.parse import expand_hostlist
-
-        count = options.spare_nodes or 0
-        try:
-            nodes = expand_hostlist(environ.get("SLURM_JOB_NODELIST", ""))
-        except ValueError:
-            return None
-        if working is None:
-            working = len(nodes) - count
-        if count <= 0 or not environ.get("SLURM_JOB_ID", "").isdigit() \
-                or not 0 < working < len(nodes):
-            return None
-        return cls(working=working, nodes=nodes)
-
-    def environ(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """The command's environment: srun's default node count is the working nodes',
-        and the task count follows where the job gave tasks per node."""
-        env = dict(environ)
-        env["SLURM_JOB_NUM_NODES"] = env["SLURM_NNODES"] = str(self.working)
-        env["SLURM_JOB_NODELIST"] = env["SLURM_NODELIST"] = ",".join(self.nodes)
-        per_node = env.get("SLURM_NTASKS_PER_NODE", "")
-        if per_node.isdigit() and env.get("SLURM_NTASKS", "").isdigit():
-            env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(int(per_node) * self.working)
-        return env
-
-    def replace_faulty(self, cfg: Config, faulty: Mapping[str, str],
-                       say: Callable[[str], None], backend: SlurmBackend | None = None) -> bool:
-        """After a failed run, ``faulty`` (:func:`faulty_nodes` of the working nodes)
-        given: when spares are left, give those nodes back and move the work onto spares
-        (True); else False, and the usual path decides (a restart in place, or the
-        epilog's requeue)."""
-        if not faulty:
-            return False
-        if backend is None:
-            from wrapper import slurm
-
-            backend = slurm.backend(cfg.slurm)
-        keep = [n for n in self.nodes if n not in faulty]
-        where = "; ".join(f"{node}: {why}" for node, why in sorted(faulty.items()))
-        if len(keep) < self.working:
-            say(f"jobwrap run: no spare node left for {where}")
-            return False
-        job_id = os.environ["SLURM_JOB_ID"]
-        from wrapper.errors import JobwrapError
-        from wrapper.slurm.parse import expand_hostlist
-
-        try:  # a node Slurm lost under --no-kill has left the allocation already
-            held = expand_hostlist(backend.job_info(job_id).get("NodeList", ""))
-            if any(n in held for n in faulty):
-                backend.shrink_job(job_id, [n for n in held if n not in faulty])
-        except (JobwrapError, ValueError) as exc:
-            say(f"jobwrap run: could not give back {', '.join(sorted(faulty))} ({exc}); "
-                "ending, so that jobwrap requeues the job away from it")
-            return False
-        before = set(self.nodes[:self.working])
-        self.nodes = keep
-        self.used += len(faulty)
-        took = [n for n in keep[:self.working] if n not in before]
-        say(f"jobwrap run: {where}; gave it back and restarted on "
-            f"{','.join(keep[:self.working])} (spare {','.join(took)} took its place; "
-            f"{self.left} spare left)")
-        from wrapper.job import events as ev
-
-        _record(cfg, job_id, ev.SpareUsed(
-            attempt=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
-            node=os.environ.get("SLURMD_NODENAME", ""),
-            failed=sorted(faulty), reason=where[:400], replaced_by=took,
-            spares_left=self.left, working=self.working))
-        return True
-
-
-def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None, *,
-                 nodes: Sequence[str] | None = None) -> dict[str, str]:
-    """``{node: why}`` for the job's nodes (``nodes``: these of them) root found faulty
-    during this attempt: a node watcher's fault in root's record here, a node drained
-    with a jobwrap reason, a node Slurm lost. Root's and Slurm's facts only; outside a
-    job, or when Slurm cannot be asked, nothing (the next attempt's own watchers still
-    follow it)."""
-    job_id = os.environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return {}
-    from wrapper.errors import JobwrapError
-    from wrapper.job.state import for_job
-    from wrapper.restart.remote import faults_elsewhere, node_records
-    from wrapper.slurm.parse import expand_hostlist
-    from wrapper.slurm.records import node_lost
-
-    try:
-        if nodes is None:
-            nodes = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))
-        if backend is None:
-            from wrapper import slurm
-
-            backend = slurm.backend(cfg.slurm)
-        events = for_job(cfg, job_id).events(root_only=True)
-        records = dict(node_records(backend, nodes, ""))  # one request for every node
-        found = faults_elsewhere(backend, list(nodes), "", attempt, events, records)
-        for node, info in records.items():
-            if node not in found and node_lost(info):
-                found[node] = f"Slurm lost it ({info.get('State', '')})"
-    except (JobwrapError, OSError) as exc:
-        log.get().warning("run.faults_unknown", error=str(exc))
-        return {}
-    return found
-
-
 def hung_since(cfg: Config, attempt: int, since: float) -> bool:
     """Whether the supervisor called this job hung in Slurm attempt ``attempt`` after
     ``since`` (a timestamp): it then ended the command's steps (``hang.in_place``), or the
@@ -370,38 +241,10 @@ def _record_start(cfg: Config, command: Sequence[str], attempt: int, spares: int
         return
     from wrapper.job import events as ev
 
-    _record(cfg, job_id, ev.RunStarted(attempt=attempt,
+    record_claim(cfg, job_id, ev.RunStarted(attempt=attempt,
                                        node=os.environ.get("SLURMD_NODENAME", ""),
                                        command=" ".join(command)[:400],
                                        spare_nodes=spares))
-
-
-def _working_before(cfg: Config) -> int | None:
-    """The working node count an earlier attempt of this job recorded when it used a
-    spare (the user's own file: a lie only misplaces the user's own steps)."""
-    job_id = os.environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return None
-    from wrapper.errors import JobwrapError
-    from wrapper.job import events as ev
-    from wrapper.job.store import JobStore
-
-    try:
-        used = [e for e in JobStore.of(cfg, job_id).events() if isinstance(e, ev.SpareUsed)]
-    except (JobwrapError, OSError):
-        return None
-    return used[-1].working if used and used[-1].working > 0 else None
-
-
-def _record(cfg: Config, job_id: str, event: Event) -> None:
-    """Append to the job's (the user's) event file; without its state folder, nothing."""
-    from wrapper.errors import JobwrapError
-    from wrapper.job.store import JobStore
-
-    try:
-        JobStore.of(cfg, job_id).record(event)
-    except (JobwrapError, OSError) as exc:
-        log.get().debug("run.not_recorded", error=str(exc))
 
 
 def _latest(options: JobOptions) -> tuple[str, int | None] | None:

@@ -85,7 +85,7 @@ def test_a_job_under_jobwrap_run_is_not_told_to_use_it(tmp_path: Path) -> None:
 
 def test_faulty_nodes_are_roots_and_slurms_facts(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from wrapper.runloop import faulty_nodes
+    from wrapper.restart.spares import faulty_nodes
     from wrapper.slurm.fake import FakeSlurm
 
     cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
@@ -162,7 +162,7 @@ def _spare_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: str = "n[
 
 def test_spares_keep_the_commands_steps_on_the_working_nodes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from wrapper.runloop import Spares
+    from wrapper.restart.spares import Spares
 
     _spare_job(tmp_path, monkeypatch)
     spares = Spares.of(parse_args(["--spare-nodes=1"]), os.environ)
@@ -177,7 +177,7 @@ def test_spares_keep_the_commands_steps_on_the_working_nodes(
 
 def test_a_faulty_node_is_given_back_and_a_spare_takes_its_place(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from wrapper.runloop import Spares, faulty_nodes
+    from wrapper.restart.spares import Spares, faulty_nodes
     from wrapper.slurm.fake import FakeSlurm
 
     cfg, state = _spare_job(tmp_path, monkeypatch, "n[1-4]")
@@ -288,13 +288,13 @@ def test_a_node_given_back_by_a_running_job_makes_no_decision(tmp_path: Path) ->
 
 def test_a_requeued_job_whose_spares_were_spent_works_on_what_it_has(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from wrapper.runloop import Spares, _working_before
+    from wrapper.restart.spares import Spares, working_before
 
     cfg, state = _spare_job(tmp_path, monkeypatch, "n[1-2]")
-    assert _working_before(cfg) is None
+    assert working_before(cfg) is None
     JobStore(state).record(ev.SpareUsed(attempt=0, node="n1", failed=["n2"],
                                         replaced_by=["n3"], working=2))
-    assert _working_before(cfg) == 2
+    assert working_before(cfg) == 2
     # given back one node, the job came back with 2: both work, no spare left
     assert Spares.of(parse_args(["--spare-nodes=1"]), os.environ, working=2) is None
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-3]")
