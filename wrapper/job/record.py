@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, field
-from typing import Any
+from dataclasses import asdict, field, replace
+from typing import TYPE_CHECKING, Any
 
 from wrapper.directives import JobOptions, parse_script
 from wrapper.errors import JobwrapError, UserInputError, format_of
@@ -22,6 +22,9 @@ from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.parse import asks_signal
 from wrapper.slurm.records import slurm_timestamp, time_limit_seconds
+
+if TYPE_CHECKING:
+    from wrapper.config import Config
 
 RECORD_FORMAT = 1  # job.json's "format" (docs/upgrades.md)
 
@@ -47,6 +50,10 @@ class JobRecord:
     def job_options(self) -> JobOptions:
         return JobOptions.from_dict(self.options)
 
+    def options_for(self, cfg: Config) -> JobOptions:
+        """The job's options with the site's defaults where it gave none (site_options)."""
+        return site_options(self.job_options, cfg)
+
     @property
     def checkpoint_dir(self) -> str | None:
         directory = self.job_options.checkpoint_dir
@@ -69,6 +76,19 @@ class JobRecord:
     def from_dict(cls, data: dict[str, Any]) -> JobRecord:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def site_options(options: JobOptions, cfg: Config) -> JobOptions:
+    """``options`` with each one the job left unset taken from the site's config: the one
+    place a directive meets its site default. ``--max-restarts``: ``[restart]
+    max_restarts``; ``--hang-timeout``: ``[supervisor] hang_timeout``, whose 0 means no
+    fixed default (None: learned from the job's cadence), while the job's own 0 is off."""
+    return replace(
+        options,
+        max_restarts=options.max_restarts if options.max_restarts is not None
+        else cfg.restart.max_restarts,
+        hang_timeout=options.hang_timeout if options.hang_timeout is not None
+        else (cfg.supervisor.hang_timeout or None))
 
 
 def gather(ctx: JobContext, backend: SlurmBackend) -> JobRecord:

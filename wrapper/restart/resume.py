@@ -101,9 +101,11 @@ def why_passed_over(path: str, step: int | None, mtime: float,
 
 
 def max_restarts(options: JobOptions, cfg: Config) -> int:
-    """The job's --max-restarts, or the site's default."""
-    return options.max_restarts if options.max_restarts is not None \
-        else cfg.restart.max_restarts
+    """The job's --max-restarts, or the site's default (``job.record.site_options``)."""
+    from wrapper.job.record import site_options
+
+    merged = site_options(options, cfg).max_restarts
+    return merged if merged is not None else cfg.restart.max_restarts
 
 
 def latest(directory: str | None, options: JobOptions, *, settle_seconds: float = 0.0,

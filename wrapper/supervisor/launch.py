@@ -133,7 +133,8 @@ def supervise(job_id: str, cfg: Config) -> int:
     job_state = SlurmLook(backend, job_id, state, attempt,
                           unreachable_after=cfg.supervisor.slurm_unreachable,
                           time_limit_s=record.time_limit_s)
-    supervisor = Supervisor(record, state, cfg.supervisor, attempt=attempt,
+    supervisor = Supervisor(record, state, cfg.supervisor, options=record.options_for(cfg),
+                            attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
                             time_limit=lambda: job_state.time_limit_s,
                             under_run=under_run, kill_steps=kill_steps,

@@ -29,6 +29,7 @@ from typing import Any
 
 from wrapper import log
 from wrapper.config import SupervisorConfig
+from wrapper.directives import JobOptions
 from wrapper.job import events as ev
 from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
@@ -57,7 +58,7 @@ class Supervisor:
     """One attempt's supervisor. ``tick`` is a plain method: tests drive it with a fake clock."""
 
     def __init__(self, record: JobRecord, state: JobState, cfg: SupervisorConfig, *,
-                 attempt: int, job_state: Callable[[], str],
+                 options: JobOptions, attempt: int, job_state: Callable[[], str],
                  end_job: Callable[[str], bool], signal_job: Callable[[str], bool],
                  gpu_faults: Callable[[], list[str]] | None = None,
                  facts: Callable[[dict[str, Any]], None] | None = None,
@@ -86,11 +87,9 @@ class Supervisor:
         self.under_run = under_run
         self.kill_steps = kill_steps
         self.clock = clock
-        options = record.job_options
-        # --hang-timeout=off is 0; not given: the site's fixed default, else learned
-        fixed = options.hang_timeout if options.hang_timeout is not None else \
-            (cfg.hang_timeout or None)
-        self.fixed_hang_timeout = fixed
+        # ``options``: the job's, merged with the site's defaults (job.record.site_options):
+        # --hang-timeout=off is 0; None: learned from the job's cadence
+        self.fixed_hang_timeout = options.hang_timeout
         self.seen = Seen(last_progress=clock())
         self._next_slurm = 0.0
         self._next_gpu = 0.0

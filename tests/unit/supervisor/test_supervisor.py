@@ -56,7 +56,8 @@ def make(tmp_path: Path, *, hang: float | None = 30, time_limit: float | None = 
         calls["signal"].append(sig)
         return True
 
-    sup = Supervisor(record, state, cfg or SupervisorConfig(settle_seconds=5), attempt=0,
+    sup = Supervisor(record, state, cfg or SupervisorConfig(settle_seconds=5),
+                     options=record.job_options, attempt=0,
                      job_state=lambda: slurm_state["value"],
                      end_job=end, signal_job=signal,
                      gpu_faults=(lambda: list(faults)) if faults is not None else None,

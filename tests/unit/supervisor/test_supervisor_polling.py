@@ -64,7 +64,8 @@ def supervised(tmp_path: Path, fake: FakeSlurm, *, unreachable_after: float = 60
     counted.clock = clock
     look = SlurmLook(counted, JOB, state, 0, unreachable_after=unreachable_after, clock=clock)
     # the defaults: a look every 2 s, "ask Slurm" every 10 s; the ask is what is bounded
-    sup = Supervisor(record, state, SupervisorConfig(), attempt=0, job_state=look,
+    sup = Supervisor(record, state, SupervisorConfig(), options=record.job_options, attempt=0,
+                     job_state=look,
                      end_job=lambda why: True, signal_job=lambda sig: True, clock=clock)
     return sup, state, clock, counted
 
