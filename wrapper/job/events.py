@@ -499,6 +499,8 @@ class Hang(_BySupervisor):
     when ``hang.in_place`` follows (also a fact)."""
     idle_s: float = 0.0
     hang_timeout_s: float = 0.0
+    learned: bool = False  # the timeout was learned from the job's cadence, not fixed
+    cadence_s: float = 0.0  # the longest gap between two signs of progress seen
     last_checkpoint: str | None = None
 
 

@@ -96,16 +96,23 @@ class Supervisor:
         self.finished = False
         self.logger = log.get()
 
-    def event(self, name: str, **data: object) -> None:
-        from wrapper.job.facts import FACT_EVENTS, fact
+    def event(self, event: ev.Event) -> None:
+        """Record ``event`` of this attempt in the job's (the user's) file and, for what
+        root acts on (``FACT_KINDS``), first in root's fact channel."""
+        from dataclasses import replace
 
-        if self.facts is not None and name in FACT_EVENTS:  # first: root acts on this one
+        from wrapper.job.facts import FACT_EVENTS, fact
+        from wrapper.job.store import JobStore
+
+        event = replace(event, attempt=self.attempt)
+        if self.facts is not None and event.KIND in FACT_EVENTS:  # first: root acts on it
+            data = {k: v for k, v in event.encode().items() if k not in ("attempt", "node")}
             try:
-                self.facts(fact(name, self.attempt, **data))
+                self.facts(fact(event.KIND, self.attempt, **data))
             except OSError as exc:
-                self.logger.error("supervisor.fact_unwritable", event=name, error=str(exc))
-        self.state.append(name, as_user=True, attempt=self.attempt, hook="supervisor",
-                          **data)
+                self.logger.error("supervisor.fact_unwritable", event=event.KIND,
+                                  error=str(exc))
+        JobStore(self.state).record(event)
 
     def tick(self) -> None:
         now = self.clock()
@@ -114,10 +121,10 @@ class Supervisor:
         limit = self.hang_timeout
         if limit and not self.seen.ended_by_us and now - self.seen.last_progress >= limit:
             idle = now - self.seen.last_progress
-            self.event(ev.Hang.KIND, idle_s=round(idle, 1), hang_timeout_s=round(limit, 1),
-                       learned=self.fixed_hang_timeout is None,
-                       cadence_s=round(self.seen.longest_gap, 1),
-                       last_checkpoint=self.seen.checkpoint)
+            self.event(ev.Hang(idle_s=round(idle, 1), hang_timeout_s=round(limit, 1),
+                              learned=self.fixed_hang_timeout is None,
+                              cadence_s=round(self.seen.longest_gap, 1),
+                              last_checkpoint=self.seen.checkpoint))
             if self.await_forensics is not None:
                 self.await_forensics()
             if not self._restart_in_place():
@@ -127,7 +134,7 @@ class Supervisor:
             for fault in self.gpu_faults():
                 if fault not in self.seen.faults:
                     self.seen.faults.add(fault)
-                    self.event(ev.GpuFault.KIND, reason=fault)
+                    self.event(ev.GpuFault(reason=fault))
                     self._end(ev.GpuFault.KIND)
         self._walltime(now)
         if now >= self._next_slurm:
@@ -136,8 +143,9 @@ class Supervisor:
             if current in RUNNING and self._superseded():
                 current = "REQUEUED"  # a later attempt runs: its own supervisor follows it
             if current not in RUNNING:
-                self.event(ev.SupervisorEnd.KIND, job_state=current or "gone",
-                           last_checkpoint=self.seen.checkpoint, step=self.seen.step)
+                self.event(ev.SupervisorEnd(job_state=current or "gone",
+                                            last_checkpoint=self.seen.checkpoint,
+                                            step=self.seen.step))
                 self.finished = True
 
     @property
@@ -155,8 +163,8 @@ class Supervisor:
 
     def run(self, sleep: Callable[[float], None] = time.sleep) -> None:
         self.remove_save_file()
-        self.event(ev.SupervisorStart.KIND, pid=os.getpid(), hang_timeout_s=self.hang_timeout,
-                   checkpoint_dir=self.record.checkpoint_dir)
+        self.event(ev.SupervisorStart(pid=os.getpid(), hang_timeout_s=self.hang_timeout,
+                                      checkpoint_dir=self.record.checkpoint_dir))
         while not self.finished:
             self.tick()
             if not self.finished:
@@ -183,7 +191,7 @@ class Supervisor:
             self.seen.checkpoint, self.seen.step = found.path, found.step
             self.seen.checkpoint_at = now
             self._progress(now)
-            self.event(ev.Checkpoint.KIND, path=found.path, step=found.step, layout=found.layout)
+            self.event(ev.Checkpoint(path=found.path, step=found.step, layout=found.layout))
 
     def _look_at_output(self, now: float) -> None:
         size = 0
@@ -214,8 +222,9 @@ class Supervisor:
                 self.signal_job(self.cfg.walltime_signal):
             self.seen.signalled = True
             touched = self._ask_for_a_save(now)
-            self.event(ev.WalltimeSignal.KIND, signal=self.cfg.walltime_signal,
-                       seconds_left=round(start + limit - now), save_file=touched)
+            self.event(ev.WalltimeSignal(signal=self.cfg.walltime_signal,
+                                         seconds_left=round(start + limit - now),
+                                         save_file=touched))
 
     def _limit_raised(self, limit: float | None) -> None:
         """The limit was raised (or lifted) after the save request: withdraw it, so that
@@ -252,8 +261,8 @@ class Supervisor:
             return
         seen.requeued = True  # once, whatever the answer: Slurm's limit is the fallback
         if self.requeue_job():
-            self.event(ev.WalltimeRequeued.KIND, checkpoint=seen.checkpoint,
-                       seconds_left=round(limit_at - now))
+            self.event(ev.WalltimeRequeued(checkpoint=seen.checkpoint,
+                                           seconds_left=round(limit_at - now)))
 
     def remove_save_file(self) -> None:
         """An earlier attempt's save request is not this one's."""
@@ -277,7 +286,7 @@ class Supervisor:
         if not steps:
             return False
         self.logger.warning("supervisor.steps_killed", why=ev.Hang.KIND, steps=steps)
-        self.event(ev.HangInPlace.KIND, steps=steps)
+        self.event(ev.HangInPlace(steps=steps))
         # the restarted command starts afresh: its start-up is not a gap of its cadence
         self.seen.last_progress = self.clock()
         self.seen.progress_count = 0

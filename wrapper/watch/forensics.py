@@ -285,18 +285,19 @@ def conclude(state: Any, job_id: str, attempt: int, stdout: str, user: Any) -> s
 
     Records ``hang.forensics`` (root) and tells the job's output; returns the message."""
     from wrapper.errors import JobwrapError
-    from wrapper.job.facts import root_events
+    from wrapper.job.store import JobStore
 
-    found = [e for e in root_events(state)
-             if e.get("event") == ev.WatchForensics.KIND and e.get("attempt") == attempt]
+    store = JobStore(state)
+    found = [e for e in store.root_events()
+             if isinstance(e, ev.WatchForensics) and e.attempt == attempt]
     if not found:
         return None
-    ranks = [r for e in found for r in (e.get("ranks") or []) if isinstance(r, dict)]
+    ranks = [r for e in found for r in e.ranks if isinstance(r, dict)]
     odd, why = odd_ones(ranks)
     names = [label(r) for r in odd]
-    state.append(ev.HangForensics.KIND, attempt=attempt, node=str(found[0].get("node", "")),
-                 nodes=sorted({str(e.get("node")) for e in found}), ranks=len(ranks),
-                 odd=names, why=why)
+    store.record(ev.HangForensics(attempt=attempt, node=found[0].node,
+                                  nodes=sorted({e.node for e in found}), ranks=len(ranks),
+                                  odd=names, why=why))
     message = ("jobwrap: hang forensics of attempt " f"{attempt}: " +
                (f"standing apart: {'; '.join(names)} ({why})" if names else why) +
                f". Every rank's stack is in the archive (jobwrap archive show {job_id}).")

@@ -19,6 +19,7 @@ from wrapper.config import Config
 from wrapper.errors import JobwrapError, format_of
 from wrapper.job import events as ev
 from wrapper.job.state import JobState
+from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext
 from wrapper.watch.feed import Fault, Watcher
 
@@ -54,7 +55,7 @@ def start(ctx: JobContext, cfg: Config, state: JobState,
         spawn(argv)
         return "spawned"
     pid = detach.spawn(argv, detach.hook_env(cfg.source))
-    state.append(ev.WatchStarted.KIND, attempt=ctx.attempt, node=ctx.node, pid=pid)
+    JobStore(state).record(ev.WatchStarted(attempt=ctx.attempt, node=ctx.node, pid=pid))
     return f"detached:{pid}"
 
 
@@ -116,8 +117,6 @@ def spare_may_take(state: JobState, node: str, attempt: int) -> bool:
         return False
     if not record.job_options.spare_nodes or node == record.first_node:
         return False
-    from wrapper.job.store import JobStore
-
     return JobStore(state).under_run(attempt)
 
 
@@ -166,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         def read_gpu_faults() -> list[Fault]:
             return read_faults(cfg, args.node, gpus, listening[0] if listening else None)
     state = state_mod.for_job(cfg, args.job_id)
+    store = JobStore(state)
     state.write_json(pid_file(args.node), {
         "format": WATCH_FORMAT, "pid": os.getpid(), "started": psutil.Process().create_time(),
         "attempt": args.attempt})
@@ -183,14 +183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                           ask_every=WATCH_ASK_EVERY, ask_at_once=False)
 
     def superseded() -> bool:
-        return any(e.get("event") == ev.PrologContext.KIND
-                   and e.get("node") == args.node and int(e.get("attempt", 0)) > args.attempt
-                   for e in state.events(root_only=True))
+        return any(isinstance(e, ev.PrologContext) and e.node == args.node
+                   and e.attempt > args.attempt for e in store.root_events())
 
     def on_fault(faults: list[Fault]) -> None:
         reason = faults[0].reason
-        state.append(ev.WatchFault.KIND, attempt=args.attempt, node=args.node,
-                     faults=[f.reason for f in faults], reason=reason)
+        store.record(ev.WatchFault(attempt=args.attempt, node=args.node,
+                                   faults=[f.reason for f in faults], reason=reason))
         log.get().error("watch.fault", reason=reason, faults=len(faults))
         try:  # first: the first node's decision learns of it from Slurm
             backend.drain_node(args.node, reason)
@@ -202,8 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 backend.kill_steps(args.job_id)
             else:
                 backend.signal_job(args.job_id, "KILL", full=True)
-            state.append(ev.WatchEndedJob.KIND, attempt=args.attempt, node=args.node,
-                         reason=reason)
+            store.record(ev.WatchEndedJob(attempt=args.attempt, node=args.node,
+                                          reason=reason))
         except JobwrapError as exc:
             log.get().error("watch.end_failed", error=str(exc))
 
@@ -219,11 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                            uid=args.uid, gid=args.gid, gpus=gpus,
                            budget=max(2.0, sup.forensics_timeout - sup.gpu_interval))
         state.write_json(fx.file_name(args.node), {"format": WATCH_FORMAT, **found})
-        state.append(ev.WatchForensics.KIND, attempt=args.attempt, node=args.node,
-                     ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",
-                                                   "in_collective", "error")}
-                            for r in found["ranks"]],
-                     problems=found["problems"], seconds=found["seconds"])
+        store.record(ev.WatchForensics(
+            attempt=args.attempt, node=args.node,
+            ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",
+                                          "in_collective", "error")} for r in found["ranks"]],
+            problems=found["problems"], seconds=found["seconds"]))
 
     from wrapper.watch.keeper import SupervisorKeeper
 
