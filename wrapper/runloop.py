@@ -32,7 +32,13 @@ from wrapper.config import Config
 from wrapper.directives import JobOptions
 from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
-from wrapper.restart.classify import HANG, Classification, Evidence, classify
+from wrapper.restart.classify import (
+    HANG,
+    Classification,
+    Evidence,
+    classify,
+    oom_kill_in_output,
+)
 from wrapper.restart.policy import PastAttempt, decide
 from wrapper.restart.spares import Spares, faulty_nodes, record_claim, working_before
 
@@ -121,7 +127,11 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         # srun's own words tell a rank's segfault from its kill where srun's status is the
         # same (143 after --kill-on-bad-exit): without them two different faults would
         # read as "the same error" and stop the restarts
-        verdict = classify(Evidence(exit_code=code, exit_signal=sig, output_tail=tail.text()))
+        # The output is jobwrap run's own evidence (it decides for the job's user alone):
+        # slurmstepd's OOM-kill line there is the OOM kill root would see in Slurm.
+        text = tail.text()
+        verdict = classify(Evidence(exit_code=code, exit_signal=sig, output_tail=text,
+                                    oom_kill=oom_kill_in_output(text)))
         if status != 0 and hung_since(cfg, base_attempt, started_at):
             verdict = Classification(HANG, "no progress for the hang timeout; jobwrap's "
                                      "supervisor ended the command's steps", "hang")

@@ -13,10 +13,10 @@ CLAIM = """#!/bin/bash
 #JOBWRAP --max-restarts=1 --hang-timeout=8s
 events={state}/jobs/$SLURM_JOB_ID/user-events.jsonl
 if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then
-  for i in 1 2 3; do  # before the hang, and while the supervisor waits on the forensics
+  while :; do  # before the hang, after it, until the job ends: always the newest line
     printf '{{"ts":%s,"event":"hang.in_place","attempt":0,"node":"%s","steps":["%s.0"]}}\\n' \\
       "$(date +%s.%N)" "$SLURMD_NODENAME" "$SLURM_JOB_ID" >> "$events"
-    sleep 4
+    sleep 1
   done &
   srun sleep 300  # no output, no checkpoint: a hang
   echo "the batch script outlived its hang"

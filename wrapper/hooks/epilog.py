@@ -25,6 +25,7 @@ from wrapper.job import events as ev
 from wrapper.job import record as jobrecord
 from wrapper.job import state as state_mod
 from wrapper.job.store import JobStore
+from wrapper.restart.classify import HANG
 from wrapper.restart.policy import Decision
 from wrapper.slurm.context import JobContext
 
@@ -211,9 +212,10 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
     used_run = any(isinstance(e, ev.RunStarted) for e in store.user_claims(ctx.attempt))
     apply.tell_the_job(ctx, record, outcome.user, verdict, decision,
                        apply.in_place_hint(verdict, decision, used_run=used_run))
-    from wrapper.watch.forensics import conclude
+    if verdict.kind == HANG:  # a hang restarted in place and then healed tells nothing
+        from wrapper.watch.forensics import conclude
 
-    conclude(state, ctx.job_id, ctx.attempt, record.stdout, outcome.user)  # a hang's rank(s)
+        conclude(state, ctx.job_id, ctx.attempt, record.stdout, outcome.user)  # stuck rank(s)
     return decision, outcome.gathered.info
 
 

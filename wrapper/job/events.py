@@ -446,7 +446,10 @@ class TaskPrologContext(Event):
 @dataclass(frozen=True)
 class RunStarted(Event):
     """``jobwrap run`` started the job's command: it restarts it inside the allocation.
-    The user's word, read only to tell a job that did not use it what it would gain."""
+    The user's word: it tells a job that did not use it what it would gain, and it lets a
+    hang or a spare node's fault end only the job's steps (the supervisor, as the user;
+    a watcher, only for a job root's record gives spares): a lie changes how the user's
+    own steps end, never root's verdict (docs/security.md rows 26-27)."""
 
     command: str = ""
     spare_nodes: int = 0  # the nodes it holds in reserve (--spare-nodes), 0: none

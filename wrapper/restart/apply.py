@@ -97,9 +97,10 @@ def in_place_hint(verdict: Classification, decision: Decision, *, used_run: bool
     ``jobwrap run`` would have restarted inside the allocation ("" otherwise)."""
     if not decision.requeue or used_run or verdict.kind not in IN_PLACE_KINDS:
         return ""
+    where = " (a hang: when CMD runs its work in srun steps)" if verdict.kind == "hang" else ""
     return (" This restart goes through Slurm's queue and gives the job's nodes back; "
             "with `jobwrap run -- CMD` around the job's command in the batch script it "
-            "would restart inside the allocation, in seconds (docs/recovery.md).")
+            f"would restart inside the allocation, in seconds{where} (docs/recovery.md).")
 
 
 def tell_the_job(ctx: JobContext, record: JobRecord, user: UserIds, verdict: Classification,

@@ -45,7 +45,8 @@ class Outcome:
 def decide(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
            backend: SlurmBackend, *, gpu_check_failed: bool, gpu_checked: bool,
            confirm: GpuConfirmer | None = None) -> Outcome:
-    """Classify the attempt that ended and decide what follows; changes nothing.
+    """Classify the attempt that ended and decide what follows. It acts on nothing; the
+    only record it makes is root's own GPU confirmation, when a reported fault needs one.
 
     ``gpu_check_failed``: root's post-job check on this node failed; ``gpu_checked``: it
     ran (else a reported GPU fault is confirmed by a probe of root's own here)."""
@@ -64,7 +65,7 @@ def decide(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
     verdict = classify(gathered.evidence)
     # A fault a watcher found on another node of the job: hardware, that node excluded.
     verdict, remote = with_remote_faults(
-        verdict, backend, ctx, store.state.events(root_only=True), gathered.info)
+        verdict, backend, ctx, store.root_events(), gathered.info)
     options, checkpoint = record.job_options, gathered.checkpoint
     resumed, older = gathered.resumed, gathered.older
     fallback = (resumed.path, older.path) if resumed and older and suspect(

@@ -126,6 +126,14 @@ def classify(ev: Evidence) -> Classification:
     if ended_by_hang(ev.supervisor_events):
         return Classification(HANG, "no progress and no output for the hang timeout; "
                               "jobwrap ended the job", "hang")
+    if HangInPlace.KIND in ev.supervisor_events and state not in ("TIMEOUT", "CANCELLED",
+                                                                   "OUT_OF_MEMORY") \
+            and _sigkill(ev):
+        # The supervisor ended the hung steps for jobwrap run, whose brakes then stopped
+        # (or which ended with them) and passed on their SIGKILL: still the hang's doing.
+        return Classification(HANG, "no progress and no output for the hang timeout; "
+                              "jobwrap ended the job's steps and jobwrap run did not "
+                              "restart them", "hang")
     if state == "TIMEOUT":
         return Classification(WALLTIME, "reached its time limit", "walltime")
     if state == "OUT_OF_MEMORY":
@@ -263,6 +271,15 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def oom_kill_in_output(text: str) -> str:
+    """The output's last line that reports an OOM kill (slurmstepd's ``Detected 1 oom-kill
+    event(s)``, the kernel's words), or "". Evidence only where the output is the caller's
+    own (``jobwrap run``, as the job's user); root never takes it as a fact."""
+    pattern = dict(SIGNATURES)[HOST_OOM]
+    match = _last_match(pattern, text)
+    return _line_of(text, match) if match else ""
 
 
 def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:

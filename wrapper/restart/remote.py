@@ -11,7 +11,6 @@ neither set a node's state in Slurm nor write root's events.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from wrapper import log
 from wrapper.errors import JobwrapError
@@ -23,7 +22,7 @@ from wrapper.slurm.context import JobContext
 
 
 def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobContext,
-                       root_events: Iterable[dict[str, Any]], slurm_job: Mapping[str, str],
+                       root_events: Iterable[ev.Event], slurm_job: Mapping[str, str],
                        ) -> tuple[Classification, dict[str, str]]:
     """``verdict`` as classed on this node, or ``hardware`` when a watcher on another node
     of the job found a GPU fault; with ``{node: reason}`` of those nodes (to exclude).
@@ -32,9 +31,8 @@ def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobC
     (exit 0): Slurm's ``ExitCode`` (``0:15``) does. A job that really succeeded keeps its
     success even when another node is drained after it (its post-job check)."""
     root_events = list(root_events)
-    started = [float(e["ts"]) for e in root_events
-               if e.get("event") == PrologContext.KIND and e.get("attempt") == ctx.attempt
-               and isinstance(e.get("ts"), (int, float))]
+    started = [e.ts for e in root_events
+               if isinstance(e, PrologContext) and e.attempt == ctx.attempt and e.ts]
     lost = lost_nodes(backend, ctx, slurm_job, since=min(started, default=None))
     if lost and verdict.kind not in (HARDWARE, NODE_FAILURE):
         where = "; ".join(f"{node}: {why}" for node, why in sorted(lost.items()))
@@ -81,16 +79,15 @@ def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, s
 
 
 def faults_elsewhere(backend: SlurmBackend, nodes: Sequence[str], here: str, attempt: int,
-                     root_events: Iterable[dict[str, Any]],
+                     root_events: Iterable[ev.Event],
                      records: Mapping[str, dict[str, str]] | None = None) -> dict[str, str]:
     """``{node: drain reason}`` for the job's other nodes a fault ended this attempt on.
     ``records``: Slurm's node records already read (else asked here, in one call)."""
     found: dict[str, str] = {}
     for e in root_events:
-        node = str(e.get("node", ""))
-        if e.get("event") == ev.WatchFault.KIND and e.get("attempt") == attempt and node != here \
-                and node in nodes:
-            found[node] = str(e.get("reason", "a GPU fault"))
+        if isinstance(e, ev.WatchFault) and e.attempt == attempt and e.node != here \
+                and e.node in nodes:
+            found[e.node] = e.reason or "a GPU fault"
     rest = [n for n in nodes if n not in found]
     pairs = [(n, records[n]) for n in rest if n in records and n != here] \
         if records is not None else node_records(backend, rest, here)

@@ -125,7 +125,7 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None,
     if not job_id.isdigit():
         return {}
     from wrapper.errors import JobwrapError
-    from wrapper.job.state import for_job
+    from wrapper.job.store import JobStore
     from wrapper.restart.remote import faults_elsewhere, node_records
     from wrapper.slurm.parse import expand_hostlist
     from wrapper.slurm.records import node_lost
@@ -137,7 +137,7 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None,
             from wrapper import slurm
 
             backend = slurm.backend(cfg.slurm)
-        events = for_job(cfg, job_id).events(root_only=True)
+        events = JobStore.of(cfg, job_id).root_events()
         records = dict(node_records(backend, nodes, ""))  # one request for every node
         found = faults_elsewhere(backend, list(nodes), "", attempt, events, records)
         for node, info in records.items():

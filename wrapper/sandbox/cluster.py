@@ -38,8 +38,18 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 DEFAULT_BASE = Path("/tmp/jobwrap-sandbox")
 RECORD = "sandbox.json"
 # Memory is allocated and, under ConstrainRAMSpace, enforced per job as sites do
-# (CR_Core_Memory): each node offers this much, shared out per CPU by default.
+# (CR_Core_Memory): each node offers this much (less on a host with less: every slurmd
+# reports the whole host's, and one configured above it would be drained), shared out
+# per CPU by default.
 NODE_MEMORY_MB = 6000
+
+
+def node_memory_mb() -> int:
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    except (ValueError, OSError):
+        return NODE_MEMORY_MB
+    return max(256, min(NODE_MEMORY_MB, host - 512))
 
 
 class SandboxError(JobwrapError):
@@ -305,9 +315,10 @@ class Cluster:
         host = socket.gethostname().split(".")[0]
         spec = self.spec
         contain = self.containment()
+        memory = node_memory_mb()
         nodes = "\n".join(
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
-            f"CPUs={spec.cpus_per_node} RealMemory={NODE_MEMORY_MB} Gres=gpu:{spec.gpus_per_node} "
+            f"CPUs={spec.cpus_per_node} RealMemory={memory} Gres=gpu:{spec.gpus_per_node} "
             f"Weight={weight} State=UNKNOWN"  # idle nodes are filled in order: n1 first
             for weight, (name, port) in enumerate(zip(spec.nodes, spec.node_ports,
                                                       strict=True), start=1))
@@ -336,7 +347,7 @@ SlurmdDebug=info
 {contain.slurm_lines}{storage}JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU={NODE_MEMORY_MB // spec.cpus_per_node}
+DefMemPerCPU={memory // spec.cpus_per_node}
 SchedulerType=sched/backfill
 SchedulerParameters={scheduler}
 ReturnToService=2

@@ -23,6 +23,7 @@ from wrapper.job import state as state_mod
 from wrapper.job.paths import SUPERVISOR_LOG
 from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
+from wrapper.job.store import JobStore
 from wrapper.runner import Runner
 
 if TYPE_CHECKING:
@@ -121,8 +122,6 @@ def supervise(job_id: str, cfg: Config) -> int:
             return []
 
     def under_run() -> bool:
-        from wrapper.job.store import JobStore
-
         return JobStore(state).under_run(attempt)
 
     from wrapper.restart import resume as resume_mod
@@ -132,7 +131,7 @@ def supervise(job_id: str, cfg: Config) -> int:
         attempt < resume_mod.max_restarts(options, cfg)
     job_state = SlurmLook(backend, job_id, state, attempt,
                           unreachable_after=cfg.supervisor.slurm_unreachable,
-                          time_limit_s=record.time_limit_s)
+                          time_limit_s=record.time_limit_s, follows_limit=True)
     supervisor = Supervisor(record, state, cfg.supervisor, options=record.options_for(cfg),
                             attempt=attempt,
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
@@ -160,10 +159,13 @@ class SlurmLook:
     def __init__(self, backend: SlurmBackend, job_id: str, state: JobState, attempt: int, *,
                  unreachable_after: float, ask_every: float = SLURM_ASK_EVERY,
                  ask_at_once: bool = True, time_limit_s: float | None = None,
+                 follows_limit: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``ask_every``: the fewest seconds between two asks; ``ask_at_once``: the first
         look asks (else the first ask waits ``ask_every``: the prolog just saw the job);
-        ``time_limit_s``: the limit known before the first answer (the job's record)."""
+        ``time_limit_s``: the limit known before the first answer (the job's record);
+        ``follows_limit``: a change of it is the caller's business and logged (the
+        supervisor's; a watcher only keeps it)."""
         self.backend = backend
         self.job_id = job_id
         self.state = state
@@ -174,10 +176,11 @@ class SlurmLook:
         self.asked: float | None = None if ask_at_once else clock()
         self.unreachable_since: float | None = None
         self.time_limit_s = time_limit_s  # seconds; None: unlimited
+        self.follows_limit = follows_limit
 
     def __call__(self) -> str:
-        if any(e.get("event") == ev.EpilogContext.KIND and e.get("attempt") == self.attempt
-               for e in self.state.events(root_only=True)):
+        if any(isinstance(e, ev.EpilogContext) and e.attempt == self.attempt
+               for e in JobStore(self.state).root_events()):
             return "COMPLETING"
         now = self.clock()
         if self.asked is not None and now - self.asked < self.ask_every:
@@ -206,7 +209,8 @@ class SlurmLook:
         if limit is None and text.upper() not in ("UNLIMITED", "INFINITE"):
             return
         if limit != self.time_limit_s:
-            log.get().info("supervisor.time_limit", was_s=self.time_limit_s, now_s=limit)
+            if self.follows_limit:
+                log.get().info("supervisor.time_limit", was_s=self.time_limit_s, now_s=limit)
             self.time_limit_s = limit
 
 
@@ -267,10 +271,9 @@ def _forensics_waiter(cfg: Config, state: JobState, attempt: int) -> Callable[[]
     def wait() -> None:
         end = time.monotonic() + budget
         while True:
-            events = [e for e in state.events(root_only=True)
-                      if e.get("attempt") == attempt]
-            watched = {e.get("node") for e in events if e.get("event") == ev.WatchStarted.KIND}
-            done = {e.get("node") for e in events if e.get("event") == ev.WatchForensics.KIND}
+            events = [e for e in JobStore(state).root_events() if e.attempt == attempt]
+            watched = {e.node for e in events if isinstance(e, ev.WatchStarted)}
+            done = {e.node for e in events if isinstance(e, ev.WatchForensics)}
             if watched <= done or time.monotonic() >= end:
                 log.get().info("supervisor.forensics", nodes=sorted(map(str, done)),
                                missing=sorted(map(str, watched - done)))

@@ -35,6 +35,12 @@ SEGV_THEN_GLOO = (
                   supervisor_events=("hang", "hang.in_place")), "success"),
         (Evidence(exit_code=0, exit_signal=9,
                   supervisor_events=("hang", "hang.in_place", "hang")), "hang"),
+        # jobwrap run's brakes stopped after the in-place kill and passed on its SIGKILL:
+        # the hang's doing, not a kill from outside (which would be retried)
+        (Evidence(exit_code=137, supervisor_events=("hang", "hang.in_place")), "hang"),
+        (Evidence(exit_code=1, supervisor_events=("hang", "hang.in_place"),
+                  output_tail="Traceback (most recent call last):\n  File \"t.py\", "
+                              "line 1, in <module>\nValueError: x\n"), "user_error"),
         (Evidence(exit_code=0, exit_signal=15, slurm_state="TIMEOUT"), "walltime"),
         (Evidence(exit_code=0, exit_signal=9, slurm_state="OUT_OF_MEMORY"), "host_oom"),
         (Evidence(exit_code=0, exit_signal=15, slurm_state="CANCELLED"), "cancelled"),

@@ -345,6 +345,24 @@ def test_srun_s_words_tell_two_faults_with_the_same_status_apart(
     assert "task 1: Killed" in err and "task 1: Segmentation fault" in err
 
 
+def test_slurmstepd_s_oom_kill_line_is_host_oom_for_jobwrap_run(
+        tmp_path: Path, handlers: None) -> None:
+    """jobwrap run decides for the job's user alone: srun's relayed OOM-kill line is its
+    evidence (root's epilog takes Slurm's OUT_OF_MEMORY instead, never the words)."""
+    count = tmp_path / "count"
+    script = (f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; '
+              'if [ "$n" = 0 ]; then echo "slurmstepd: error: Detected 1 oom-kill event(s) '
+              'in StepId=7.0. Some of your processes may have been killed" >&2; exit 137; fi')
+    said: list[str] = []
+    from wrapper.config import RestartConfig
+
+    cfg = Config(restart=RestartConfig(no_progress_limit=5))
+    assert run(["sh", "-c", script], parse_args(["--max-restarts=2"]), cfg,
+               say=said.append) == 0
+    assert any("ended: host_oom (the kernel's OOM killer ended it" in line for line in said), \
+        said
+
+
 def test_a_hang_the_supervisor_ended_the_steps_of_is_restarted_in_place_as_a_hang(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
     """The supervisor writes ``hang`` before it ends the command's steps: the command's

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from wrapper import config
 from wrapper.config import SlurmConfig
+from wrapper.job import events as ev
 from wrapper.restart.classify import Classification
 from wrapper.restart.remote import faults_elsewhere, with_remote_faults
 from wrapper.sandbox import gpus
@@ -119,9 +120,9 @@ def no_slurm() -> SlurmBackend:
 
 
 def test_root_events_of_another_node_make_the_attempt_hardware_and_exclude_it() -> None:
-    events = [{"event": "watch.fault", "node": "n2", "attempt": 0, "reason": XID.reason},
-              {"event": "watch.fault", "node": "n2", "attempt": 1, "reason": "old"},
-              {"event": "watch.fault", "node": "n9", "attempt": 0, "reason": "not the job's"}]
+    events = [ev.WatchFault(node="n2", attempt=0, reason=XID.reason),
+              ev.WatchFault(node="n2", attempt=1, reason="old"),
+              ev.WatchFault(node="n9", attempt=0, reason="not the job's")]
     assert faults_elsewhere(no_slurm(), ["n1", "n2"], "n1", 0, events) == {"n2": XID.reason}
     killed = Classification("user_error", "exit -1 (signal 9)", "exit:-1:9:")
     verdict, remote = with_remote_faults(killed, no_slurm(), ctx(), events, {})
