@@ -24,7 +24,10 @@ from wrapper.slurm.context import JobContext
 from wrapper.watch.feed import Fault, Watcher
 
 if TYPE_CHECKING:
+    import argparse
+
     from wrapper.gpu.nvml import XidListener
+    from wrapper.slurm import SlurmBackend
 
 MODULE = "wrapper.watch"
 WATCH_ASK_EVERY = 600.0  # seconds between a watcher's asks to slurmctld (see run())
@@ -143,27 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.configure(file=cfg.log.file, level=cfg.log.level, stderr_format="logfmt")
     log.bind(hook="watch", job_id=args.job_id, node=args.node, attempt=args.attempt)
     gpus = [int(g) for g in args.gpus.split(",") if g]
-    if not gpus:  # a job without GPUs: the watcher is there for the hang forensics only
-        read_gpu_faults: Callable[[], list[Fault]] = list
-    else:
-        from wrapper.gpu.nvml import open_xid_listener
-
-        # NVML's Xid events where the driver gives them (registered once, for the job's
-        # life), opened in a thread of its own: NVML on a sick node can hang, and the
-        # watcher's own checks must start regardless. Until it answers, and where it
-        # cannot, the kernel log is the source (wrapper.gpu.kmsg).
-        listening: list[XidListener | None] = []
-
-        def open_listener() -> None:
-            listener = open_xid_listener(cfg.gpu)
-            listening.append(listener)
-            log.get().info("watch.xid_source", source="nvml-events" if listener is not None
-                           else cfg.gpu.xid_source)
-
-        threading.Thread(target=open_listener, name="xid-listener", daemon=True).start()
-
-        def read_gpu_faults() -> list[Fault]:
-            return read_faults(cfg, args.node, gpus, listening[0] if listening else None)
+    read_gpu_faults = _gpu_fault_reader(cfg, args.node, gpus)
     state = state_mod.for_job(cfg, args.job_id)
     store = JobStore(state)
     state.write_json(pid_file(args.node), {
@@ -186,43 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return any(isinstance(e, ev.PrologContext) and e.node == args.node
                    and e.attempt > args.attempt for e in store.root_events())
 
-    def on_fault(faults: list[Fault]) -> None:
-        reason = faults[0].reason
-        store.record(ev.WatchFault(attempt=args.attempt, node=args.node,
-                                   faults=[f.reason for f in faults], reason=reason))
-        log.get().error("watch.fault", reason=reason, faults=len(faults))
-        try:  # first: the first node's decision learns of it from Slurm
-            backend.drain_node(args.node, reason)
-        except JobwrapError as exc:
-            log.get().error("watch.drain_failed", error=str(exc))
-        steps_only = spare_may_take(state, args.node, args.attempt)
-        try:  # the job's steps only, where jobwrap run restarts the work on a spare
-            if steps_only:
-                backend.kill_steps(args.job_id)
-            else:
-                backend.signal_job(args.job_id, "KILL", full=True)
-            store.record(ev.WatchEndedJob(attempt=args.attempt, node=args.node,
-                                          reason=reason))
-        except JobwrapError as exc:
-            log.get().error("watch.end_failed", error=str(exc))
+    on_fault = _fault_handler(store, backend, args)
 
     sup = cfg.supervisor
-    from wrapper.watch import forensics as fx
-
-    trigger = fx.Trigger(state, args.attempt)
-
-    def forensics() -> None:
-        if args.uid < 0 or sup.forensics_timeout <= 0 or not trigger.wanted():
-            return
-        found = fx.collect(cfg, job_id=args.job_id, node=args.node, attempt=args.attempt,
-                           uid=args.uid, gid=args.gid, gpus=gpus,
-                           budget=max(2.0, sup.forensics_timeout - sup.gpu_interval))
-        state.write_json(fx.file_name(args.node), {"format": WATCH_FORMAT, **found})
-        store.record(ev.WatchForensics(
-            attempt=args.attempt, node=args.node,
-            ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",
-                                          "in_collective", "error")} for r in found["ranks"]],
-            problems=found["problems"], seconds=found["seconds"]))
+    forensics = _forensics_reader(cfg, store, args, gpus)
 
     from wrapper.watch.keeper import SupervisorKeeper
 
@@ -244,3 +194,81 @@ def main(argv: Sequence[str] | None = None) -> int:
                       clock=time.monotonic)
     watcher.run(sleep=done.wait, stopped=done.is_set)
     return 0
+
+
+def _gpu_fault_reader(cfg: Config, node: str, gpus: list[int]) -> Callable[[], list[Fault]]:
+    """The watcher's reading of the job's GPUs on this node."""
+    if not gpus:  # a job without GPUs: the watcher is there for the hang forensics only
+        return list
+    from wrapper.gpu.nvml import open_xid_listener
+
+    # NVML's Xid events where the driver gives them (registered once, for the job's
+    # life), opened in a thread of its own: NVML on a sick node can hang, and the
+    # watcher's own checks must start regardless. Until it answers, and where it
+    # cannot, the kernel log is the source (wrapper.gpu.kmsg).
+    listening: list[XidListener | None] = []
+
+    def open_listener() -> None:
+        listener = open_xid_listener(cfg.gpu)
+        listening.append(listener)
+        log.get().info("watch.xid_source", source="nvml-events" if listener is not None
+                       else cfg.gpu.xid_source)
+
+    threading.Thread(target=open_listener, name="xid-listener", daemon=True).start()
+
+    def read_gpu_faults() -> list[Fault]:
+        return read_faults(cfg, node, gpus, listening[0] if listening else None)
+
+    return read_gpu_faults
+
+
+def _fault_handler(store: JobStore, backend: SlurmBackend, args: argparse.Namespace
+                   ) -> Callable[[list[Fault]], None]:
+    """What the watcher does on a fault: record it, drain the node, end the job (or, where
+    a spare can take over under jobwrap run, its steps only)."""
+
+    def on_fault(faults: list[Fault]) -> None:
+        reason = faults[0].reason
+        store.record(ev.WatchFault(attempt=args.attempt, node=args.node,
+                                   faults=[f.reason for f in faults], reason=reason))
+        log.get().error("watch.fault", reason=reason, faults=len(faults))
+        try:  # first: the first node's decision learns of it from Slurm
+            backend.drain_node(args.node, reason)
+        except JobwrapError as exc:
+            log.get().error("watch.drain_failed", error=str(exc))
+        steps_only = spare_may_take(store.state, args.node, args.attempt)
+        try:  # the job's steps only, where jobwrap run restarts the work on a spare
+            if steps_only:
+                backend.kill_steps(args.job_id)
+            else:
+                backend.signal_job(args.job_id, "KILL", full=True)
+            store.record(ev.WatchEndedJob(attempt=args.attempt, node=args.node,
+                                          reason=reason))
+        except JobwrapError as exc:
+            log.get().error("watch.end_failed", error=str(exc))
+
+    return on_fault
+
+
+def _forensics_reader(cfg: Config, store: JobStore, args: argparse.Namespace,
+                      gpus: list[int]) -> Callable[[], None]:
+    """The node's part of a hang's forensics, once the supervisor asks for it."""
+    from wrapper.watch import forensics as fx
+
+    trigger = fx.Trigger(store.state, args.attempt)
+
+    def forensics() -> None:
+        if args.uid < 0 or cfg.supervisor.forensics_timeout <= 0 or not trigger.wanted():
+            return
+        found = fx.collect(cfg, job_id=args.job_id, node=args.node, attempt=args.attempt,
+                           uid=args.uid, gid=args.gid, gpus=gpus,
+                           budget=max(2.0, cfg.supervisor.forensics_timeout
+                                          - cfg.supervisor.gpu_interval))
+        store.state.write_json(fx.file_name(args.node), {"format": WATCH_FORMAT, **found})
+        store.record(ev.WatchForensics(
+            attempt=args.attempt, node=args.node,
+            ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",
+                                          "in_collective", "error")} for r in found["ranks"]],
+            problems=found["problems"], seconds=found["seconds"]))
+
+    return forensics
