@@ -8,7 +8,9 @@ comes back to n1, where job B launches a step after another, while n2 and n3 are
 On 22.05 the task-prolog must end attempt 1 there before the job's code runs, and the
 first node's epilog must requeue it away from n1 (class ``unchecked``): it then runs on
 n2, checked. On 25.11 (its cache keyed by each run's SLUID) the prolog runs every attempt.
-On both, every attempt whose code ran has root's prolog record on its node.
+On both, every attempt whose code ran has root's prolog record on its node. The skip is a
+race with slurmd's cache scan, and under cgroup containment a step launches more slowly:
+on 22.05 a try that misses it (its prolog ran, checked) is run again, up to TRIES times.
 """
 
 from __future__ import annotations
@@ -38,6 +40,33 @@ def _slurm_before_23_02(cluster: Cluster) -> bool:
     return (major, minor) < (23, 2)
 
 
+TRIES = 3  # the skip is a race with slurmd's cache scan: a try that misses it is rerun
+
+
+def _follow(cluster: Cluster, fillers: list[str], jobs: list[str]
+            ) -> tuple[str, dict[str, str], str, list[dict[str, object]]]:
+    """Submit job A and follow it to its end, freeing n2 once an attempt was caught
+    unchecked on n1; (job id, Slurm's record, its output, root's events)."""
+    job_id = cluster.submit(JOB_A, "-N1", "-c1", "--requeue", name="unchecked.sh")
+    jobs.append(job_id)
+    state = JobState(cluster.state_dir, job_id)
+    deadline = time.monotonic() + 150
+    freed = False
+    info: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        events = state.events(root_only=True)
+        if not freed and any(e["event"] == "attempt.end" and e["kind"] == "unchecked"
+                             for e in events):
+            subprocess.run(["scancel", fillers[0]], env=cluster.env(), check=True)
+            freed = True  # n2 free: the job, kept off n1, goes there
+        info = cluster.job(job_id)
+        if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"):
+            break
+        time.sleep(0.3)
+    output = (cluster.work / f"unchecked-{job_id}.out").read_text()
+    return job_id, info, output, state.events(root_only=True)
+
+
 def test_an_attempt_slurm_ran_without_the_prolog_never_runs_the_jobs_code(
         cluster: Cluster) -> None:
     old_slurm = _slurm_before_23_02(cluster)
@@ -48,35 +77,23 @@ def test_an_attempt_slurm_ran_without_the_prolog_never_runs_the_jobs_code(
     try:
         for job in jobs:
             cluster.wait_job(job, states={"RUNNING"})
-        job_id = cluster.submit(JOB_A, "-N1", "-c1", "--requeue", name="unchecked.sh")
-        jobs.append(job_id)
-        state = JobState(cluster.state_dir, job_id)
-        deadline = time.monotonic() + 150
-        freed = False
-        info: dict[str, str] = {}
-        while time.monotonic() < deadline:
-            events = state.events(root_only=True)
-            if not freed and any(e["event"] == "attempt.end" and e["kind"] == "unchecked"
-                                 for e in events):
-                subprocess.run(["scancel", fillers[0]], env=cluster.env(), check=True)
-                freed = True  # n2 free: the job, kept off n1, goes there
-            info = cluster.job(job_id)
-            if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"):
+        for _try in range(TRIES if old_slurm else 1):
+            _job_id, info, output, events = _follow(cluster, fillers, jobs)
+            assert info.get("JobState") == "COMPLETED", (info, output)
+            prologs = {(e["node"], e["attempt"]) for e in events
+                       if e["event"] == "prolog.context"}
+            ran = [(node, int(attempt)) for attempt, node in
+                   re.findall(r"^code ran: attempt (\d+) on (\S+)$", output, re.M)]
+            assert ran, output
+            for node, attempt in ran:  # the invariant, on every Slurm, in every try
+                assert (node, attempt) in prologs, (f"attempt {attempt} ran its code on "
+                                                    f"{node} unchecked", output)
+            skipped = [e for e in events if e["event"] == "attempt.unchecked"]
+            if skipped:
                 break
-            time.sleep(0.3)
-        output = (cluster.work / f"unchecked-{job_id}.out").read_text()
-        assert info.get("JobState") == "COMPLETED", (info, output)
-        events = state.events(root_only=True)
-        prologs = {(e["node"], e["attempt"]) for e in events if e["event"] == "prolog.context"}
-        ran = [(node, int(attempt)) for attempt, node in
-               re.findall(r"^code ran: attempt (\d+) on (\S+)$", output, re.M)]
-        assert ran, output
-        for node, attempt in ran:  # the invariant, on every Slurm
-            assert (node, attempt) in prologs, (f"attempt {attempt} ran its code on {node} "
-                                                f"unchecked", output)
         ends = {e["attempt"]: e for e in events if e["event"] == "attempt.end"}
-        skipped = [e for e in events if e["event"] == "attempt.unchecked"]
-        if old_slurm:  # reproduced, caught, and healed off the node
+        if old_slurm:  # reproduced (within TRIES), caught, and healed off the node
+            assert skipped, f"the skip was not reproduced in {TRIES} tries: {output}"
             assert ends[1]["kind"] == "unchecked", (ends, output)
             assert ends[1]["decision"] == "requeue" and ends[1]["exclude"] == ["n1"]
             assert [(e["node"], e["attempt"]) for e in skipped] == [("n1", 1)]
