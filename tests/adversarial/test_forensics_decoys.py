@@ -58,7 +58,9 @@ def test_root_reads_no_rivals_process_and_a_stopped_decoy_stalls_nothing(
     assert hang and taken, (info, [e["event"] for e in events])
     pids = [r["pid"] for e in taken for r in e["ranks"]]
     assert not set(pids) & {forger.pid, *forged}, (pids, forged)
-    kept = JobState(cluster.state_dir, job_id).path / "forensics-n1.json"
+    # the node the job ran on (n1 unless an earlier test's job still holds it)
+    [node] = {e["node"] for e in taken}
+    kept = JobState(cluster.state_dir, job_id).path / f"forensics-{node}.json"
     blob = json.dumps(taken) + kept.read_text()
     assert "rival_secret" not in blob, blob
     read = [r for e in taken for r in e["ranks"] if r.get("signature")]
