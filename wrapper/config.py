@@ -271,14 +271,19 @@ class SupervisorConfig(Section):
     gpu_interval: float = _opt(10.0, "Seconds between two GPU health readings.",
                                positive=True)
     hang_timeout: float = _opt(0.0, "Default for --hang-timeout in seconds (0: learned from "
-                               "each job's progress cadence, see hang_k and hang_floor).",
+                               "each job's progress cadence, see hang_k, hang_floor and hang_min).",
                                non_negative=True)
-    hang_k: float = _opt(3.0, "Without --hang-timeout a job is hung after max(hang_floor, "
-                         "hang_k x the longest gap seen between two signs of progress: "
-                         "output growth or a new checkpoint).", positive=True)
-    hang_floor: float = _opt(1800.0, "Seconds without progress that are never a hang (and "
-                             "the hang timeout while a job has no history yet).",
-                             positive=True)
+    hang_k: float = _opt(3.0, "Without --hang-timeout a job is hung after hang_k x the "
+                         "longest gap seen between two signs of progress (output growth or "
+                         "a new checkpoint), and never before hang_floor, or hang_min once "
+                         "its cadence is learned.", positive=True)
+    hang_floor: float = _opt(1800.0, "Seconds without progress that are never a hang while "
+                             "a job's cadence is not learned yet (PyTorch's longest collective "
+                             "timeout, gloo's 30 min).", positive=True)
+    hang_min: float = _opt(300.0, "Seconds without progress that are never a hang once a "
+                           "job's cadence is learned (20 signs of progress seen): half of "
+                           "NCCL's 10 min watchdog, so the stacks are read before it aborts.",
+                           positive=True)
     slurm_unreachable: float = _opt(600.0, "Seconds without an answer from Slurm after "
                                      "which the supervisor gives up on its job and exits.",
                                      positive=True)

@@ -160,9 +160,9 @@ def _text(path: Path) -> str:
 def hang_detect_main(rounds: int = 3, lines: int = 4, period: float = 6.0) -> int:
     with sandbox() as cluster:
         text = cluster.jobwrap_config.read_text()
-        # The sandbox's floor (40 s) would hide the cadence: a floor under k x cadence.
-        cluster.jobwrap_config.write_text(re.sub(r"(?m)^hang_floor = .*$", "hang_floor = 5",
-                                                 text))
+        # The sandbox's floors (40 s) would hide the cadence: floors under k x cadence.
+        text = re.sub(r"(?m)^hang_floor = .*$", "hang_floor = 5", text)
+        cluster.jobwrap_config.write_text(re.sub(r"(?m)^hang_min = .*$", "hang_min = 5", text))
         k = config.load(str(cluster.jobwrap_config)).supervisor.hang_k
         runs = [_hang_once(cluster, lines, period) for _ in range(rounds)]
     multiples = [ended / learned for ended, learned, _ in runs]

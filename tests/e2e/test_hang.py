@@ -2,7 +2,8 @@
 
 Rank 1 stops before its all-reduce at step 4 of the first attempt while rank 0 waits
 inside it: no output, no checkpoint. The supervisor, which learned the job's cadence,
-must declare the hang (max(hang_floor, hang_k x cadence)), end the job, and the epilog
+must declare the hang (hang_k x cadence, not before hang_floor: too few steps to learn
+it), end the job, and the epilog
 must requeue it; the second attempt resumes from rank 0's checkpoint and finishes.
 """
 

@@ -399,6 +399,7 @@ fake_inventory = "{b}/gpus/{{node}}.toml"
 gpu_interval = 2
 settle_seconds = 2
 hang_floor = 40
+hang_min = 40
 
 [metrics]
 textfile = "{b}/jobwrap/metrics/jobwrap.prom"

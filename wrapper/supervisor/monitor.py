@@ -5,7 +5,8 @@ may end the user's job, nothing more) and records what it sees as events in the 
 user-writable event file (for ``jobwrap status``; there they are only claims): new
 checkpoints and their steps (progress), a hang (no new checkpoint and no output for the
 hang timeout, fixed by ``--hang-timeout`` or learned from the job's
-own cadence: max(hang_floor, hang_k x the longest gap between two signs of progress);
+own cadence: hang_k x the longest gap between two signs of progress, and never less
+than hang_floor, or hang_min once LEARN_AFTER such gaps were seen;
 it ends the job so that it can be requeued, or, when the job's command runs under
 ``jobwrap run``, only its steps, which ``jobwrap run`` restarts in place), GPU faults on
 the job's GPUs (it ends the job; the root epilog drains the node after its own check),
@@ -36,6 +37,10 @@ from wrapper.job.state import JobState
 from wrapper.lean import dataclass
 
 RUNNING = {"RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED"}
+# Gaps between two signs of progress (output growth, new checkpoints) after which the
+# longest is trusted as the job's cadence, and the hang timeout's floor drops from
+# hang_floor to hang_min. At the supervisor's 2 s look, at least 40 s of a job's life.
+LEARN_AFTER = 20
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Seen:
     signalled: bool = False
     progress_count: int = 0  # signs of progress seen (output growth, new checkpoints)
     longest_gap: float = 0.0  # the longest time between two of them: the job's cadence
+    gaps_seen: int = 0  # how many such gaps, over every command an in-place restart ran
     ended_by_us: str = ""
     faults: set[str] = field(default_factory=set)
     checkpoint_at: float = 0.0  # when the newest checkpoint was first seen complete
@@ -153,11 +159,19 @@ class Supervisor:
         """Seconds without progress that make a hang now (0: hang detection is off)."""
         if self.fixed_hang_timeout is not None:
             return self.fixed_hang_timeout
-        return max(self.cfg.hang_floor, self.cfg.hang_k * self.seen.longest_gap)
+        floor = self.cfg.hang_min if self.cadence_learned else self.cfg.hang_floor
+        return max(floor, self.cfg.hang_k * self.seen.longest_gap)
+
+    @property
+    def cadence_learned(self) -> bool:
+        """Enough gaps between signs of progress were seen to trust the longest as the
+        job's cadence (its checkpoint saves and slow steps among them)."""
+        return self.seen.gaps_seen >= LEARN_AFTER
 
     def _progress(self, now: float) -> None:
         if self.seen.progress_count:  # the gap before the first one is the job's start-up
             self.seen.longest_gap = max(self.seen.longest_gap, now - self.seen.last_progress)
+            self.seen.gaps_seen += 1
         self.seen.progress_count += 1
         self.seen.last_progress = now
 

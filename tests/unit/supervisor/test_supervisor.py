@@ -9,7 +9,7 @@ from pathlib import Path
 from wrapper.config import SupervisorConfig
 from wrapper.job.record import JobRecord
 from wrapper.job.state import USER_EVENTS, JobState
-from wrapper.supervisor.monitor import Supervisor
+from wrapper.supervisor.monitor import LEARN_AFTER, Supervisor
 
 
 class Clock:
@@ -161,6 +161,51 @@ def test_a_fast_cadence_never_goes_below_the_floor(tmp_path: Path) -> None:
     clock.now += 29
     sup.tick()
     assert calls["end"] == []
+
+
+def _steady(sup: Supervisor, clock: Clock, out: Path, gaps: int, every: float = 2) -> None:
+    for step in range(1, gaps + 2):  # the first sign of progress ends the start-up
+        clock.now += every
+        out.write_text("s\n" * step)
+        sup.tick()
+
+
+def test_once_the_cadence_is_learned_the_floor_drops_to_hang_min(tmp_path: Path) -> None:
+    cfg = SupervisorConfig(settle_seconds=5, hang_floor=1800, hang_min=300, hang_k=3)
+    sup, state, clock, _ckpt, out, calls, _ = make(tmp_path, hang=None, cfg=cfg)
+    sup.tick()
+    _steady(sup, clock, out, LEARN_AFTER - 1)
+    assert not sup.cadence_learned and sup.hang_timeout == 1800  # not trusted yet
+    _steady(sup, clock, out, 1)
+    assert sup.cadence_learned and sup.hang_timeout == 300  # 3 x 2 s is under hang_min
+    clock.now += 299
+    sup.tick()
+    assert calls["end"] == []
+    clock.now += 2
+    sup.tick()
+    assert calls["end"] == ["hang"]
+    hang = next(e for e in state.events() if e["event"] == "hang")
+    assert hang["hang_timeout_s"] == 300 and hang["learned"] is True
+
+
+def test_a_learned_cadence_above_hang_min_still_rules(tmp_path: Path) -> None:
+    cfg = SupervisorConfig(settle_seconds=5, hang_floor=1800, hang_min=300, hang_k=3)
+    sup, _state, clock, _ckpt, out, _calls, _ = make(tmp_path, hang=None, cfg=cfg)
+    sup.tick()
+    _steady(sup, clock, out, LEARN_AFTER, every=150)  # a slow job: 150 s a step
+    assert sup.hang_timeout == 450
+
+
+def test_an_in_place_restart_keeps_the_learned_cadence(tmp_path: Path) -> None:
+    cfg = SupervisorConfig(settle_seconds=5, hang_floor=1800, hang_min=300, hang_k=3)
+    sup, _state, clock, _ckpt, out, _calls, _ = make(tmp_path, hang=None, cfg=cfg)
+    killed = _under_run(sup, runs=True, steps=["77.0"])
+    sup.tick()
+    _steady(sup, clock, out, LEARN_AFTER)
+    clock.now += 301
+    sup.tick()
+    assert killed == [1]
+    assert sup.hang_timeout == 300  # the same job restarted: its cadence still holds
 
 
 def test_walltime_signal_before_the_limit(tmp_path: Path) -> None:
