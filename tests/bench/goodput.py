@@ -24,13 +24,15 @@ fire in the same launch):
 | xid | Xid 79 in rank 1's node's fake GPU inventory | hardware |
 | node_loss | rank 1's node: slurmd SIGKILLed, its step frozen; after Slurm marks the node
   down the frozen processes are killed and slurmd restarted (a repaired node) | node_failure |
-| walltime | the job's time limit lowered to the next minute | walltime |
+| walltime | the job's time limit lowered to 2-2.5 min from now (a limit known ahead, as a
+  real one is: the supervisor asks Slurm once a minute) | walltime, or saved and requeued |
 
 Ground truth is the job's own step lines: ETTR = the step time of the steps finally kept
 (each kept step's time since the step before it in the same launch) / wall time from the
 job's first start to its last step. Steps lost per fault: the furthest step the faulted
 launch reached minus the step the next launch resumed from; restart gap: the fault to the
-next launch's first step.
+next launch's first step (for the walltime, the faulted launch's last step to it: the
+launch trains on, productively, until the save and requeue or the limit).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -192,7 +195,7 @@ class Run:
             return
         if kind == "walltime":
             if not 35 <= self.run_seconds() % 60 <= 50:
-                return  # the limit (whole minutes) then falls 10-25 s from now
+                return  # the limit (whole minutes) then falls 130-145 s from now
         elif reached % job.SAVE_EVERY != job.SAVE_EVERY // 2:
             return  # mid-way between two checkpoints: half an interval to lose
         fault = Fault(kind, time.time(), launch.id, launch.attempt, reached)
@@ -258,7 +261,7 @@ class Run:
         return ((int(days or 0) * 24 + h) * 60 + m) * 60 + s
 
     def do_walltime(self, launch: Launch) -> None:
-        minutes = math.ceil(self.run_seconds() / 60)
+        minutes = math.ceil(self.run_seconds() / 60) + 2
         self.sh("scontrol", "update", f"JobId={self.job}", f"TimeLimit={minutes}", check=True)
 
         def repair() -> bool:  # the limit was this attempt's only
@@ -308,7 +311,8 @@ class Run:
             fault.reached = max(this.steps)
             fault.resumed = nxt.resumed
             fault.lost = max(0, fault.reached - nxt.resumed)
-            fault.gap = min(nxt.steps.values(), default=nxt.resumed_at) - fault.at
+            since = max(this.steps.values()) if fault.kind == "walltime" else fault.at
+            fault.gap = min(nxt.steps.values(), default=nxt.resumed_at) - since
             if self.jobwrap:  # under jobwrap run: restarted in the allocation, no verdict
                 fault.cls = ends.get(fault.attempt, "?" if self.arm == "jobwrap" else "in-alloc")
         return kept / (end - start), step_s
@@ -362,6 +366,16 @@ def quick_node_loss(cluster: Cluster) -> None:
     cluster.conf.write_text(text)
     Runner(cluster.env()).run(["scontrol", "reconfigure"], timeout=30)
     time.sleep(2)
+
+
+def nccl_scaled_hang_min(cluster: Cluster) -> None:
+    """jobwrap's least hang timeout once a cadence is learned, at the same share of the
+    collective timeout as in production: hang_min's default (300 s) is half of NCCL's
+    10 min watchdog; here half of the baseline's COLLECTIVE_TIMEOUT."""
+    text = cluster.jobwrap_config.read_text()
+    cluster.jobwrap_config.write_text(re.sub(r"(?m)^hang_min = .*$",
+                                             f"hang_min = {job.COLLECTIVE_TIMEOUT / 2:g}",
+                                             text))
 
 
 def report(run: Run, launches: list[Launch]) -> tuple[float, float]:
@@ -426,6 +440,7 @@ def main() -> int:
         arms.append("baseline")
     with sandbox(gpus_per_node=1, nodes=4) as cluster:
         quick_node_loss(cluster)
+        nccl_scaled_hang_min(cluster)
         hooks = Hooks(cluster)
         results: dict[str, tuple[Run, list[Launch]]] = {}
         try:

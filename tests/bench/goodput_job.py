@@ -3,9 +3,12 @@
 The training script is what a careful user writes today: 2-rank DDP over gloo on
 loopback (one thread), a DCP checkpoint every SAVE_EVERY steps, resuming from jobwrap's
 ``JOBWRAP_RESUME_FROM`` when set, else from its own newest *complete* checkpoint by
-name (DCP writes ``.metadata`` last), a collective timeout, and SIGUSR1 taken as "save
-at the next step". Rank 0 writes one timestamped line per step to ``steps.log`` (the
-benchmark's ground truth) and each rank its pid and node to ``pid-RANK``.
+name (DCP writes ``.metadata`` last), a collective timeout, and a save at the next step
+when asked: SIGUSR1, or jobwrap's ``$JOBWRAP_SAVE_FILE`` appearing (the one test
+docs/recovery.md asks of a loop; unset without jobwrap). The ranks agree on it with
+one tiny all-reduce a step, since a DCP save is collective. Rank 0 writes one
+timestamped line per step to ``steps.log`` (the benchmark's ground truth) and each rank
+its pid and node to ``pid-RANK``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ with open(os.path.join(RUN, f"pid-{rank}.tmp"), "w") as f:
 os.replace(os.path.join(RUN, f"pid-{rank}.tmp"), os.path.join(RUN, f"pid-{rank}"))
 save_now = []
 signal.signal(signal.SIGUSR1, lambda *_: save_now.append(1))
+SAVE_FILE = os.environ.get("JOBWRAP_SAVE_FILE", "")
 
 import datetime
 import torch
@@ -73,6 +77,7 @@ if resume:
     model.load_state_dict(state["model"])
     optim.load_state_dict(state["optim"])
     start = int(state["step"])
+handled = time.time()  # a request older than this launch was for an earlier one
 log(f"resumed {launch} {start} {time.time():.3f}")
 print(f"rank {rank}: launch {launch} attempt {attempt} resumed from {resume or '-'} at {start}",
       flush=True)
@@ -83,8 +88,18 @@ for step in range(start, STEPS):
     optim.zero_grad()
     loss.backward()
     optim.step()
-    if (step + 1) % SAVE_EVERY == 0 or (save_now and (step + 1) != start):
+    asked = 0.0  # jobwrap's save request: the file's mtime, once per request
+    if SAVE_FILE:
+        try:
+            asked = os.stat(SAVE_FILE).st_mtime
+        except OSError:
+            pass
+    want = torch.tensor([1.0 if save_now or asked > handled else 0.0, asked],
+                        dtype=torch.float64)
+    dist.all_reduce(want, op=dist.ReduceOp.MAX)  # every rank saves, or none
+    if (step + 1) % SAVE_EVERY == 0 or (want[0].item() and (step + 1) != start):
         save_now.clear()
+        handled = max(handled, want[1].item())
         dcp.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": step + 1},
                  checkpoint_id=os.path.join(CKPT, f"step_{step + 1}"))
     log(f"step {launch} {step + 1} {time.time():.3f}")
