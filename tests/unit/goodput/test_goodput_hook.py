@@ -7,7 +7,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.archive import config as archive_config
-from tests.support.archive import record, run_attempt, shared, user
+from tests.support.archive import record, run_attempt
 from tests.support.archive import state as archive_state
 from wrapper import config as config_mod
 from wrapper.archive import archive_attempt
@@ -15,8 +15,6 @@ from wrapper.goodput.hook import after_attempt, attempt_records, ledger_of
 from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 from wrapper.slurm.fake import FakeSlurm
-
-__all__ = ["shared", "user"]  # fixtures, used by name
 
 
 def _cfg(tmp_path: Path, extra: str = "") -> config_mod.Config:
