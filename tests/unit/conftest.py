@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.support import archive as archive_builders
 from tests.support.staging import HOSTILE
+from wrapper.config import Config
+from wrapper.job.record import JobRecord
+from wrapper.job.state import JobState
+from wrapper.osl.users import UserIds
 
 
 @pytest.fixture
@@ -38,3 +44,26 @@ def make_dataset() -> Callable[..., Path]:
         return root
 
     return make
+
+
+# A job of the test user under ``shared`` as the archive and goodput tests need it. The
+# builders stay plain functions in tests/support/archive.py: tests/bench calls them too.
+@pytest.fixture
+def archive_config(shared: Path) -> Callable[..., Config]:
+    """``archive_config(**archive)``: a config whose state, archive and log live under
+    ``shared``, with those ``[archive]`` settings."""
+    return functools.partial(archive_builders.config, shared)
+
+
+@pytest.fixture
+def job_record(shared: Path, user: UserIds) -> Callable[..., JobRecord]:
+    """``job_record(job_id="42", **fields)``: root's record of a job of the test user that
+    works in ``shared``/work."""
+    return functools.partial(archive_builders.record, shared, user)
+
+
+@pytest.fixture
+def user_state(shared: Path, user: UserIds) -> Callable[..., JobState]:
+    """``user_state(job_id="42")``: the job's state folder under ``shared``/state, prepared
+    for the test user."""
+    return functools.partial(archive_builders.state, shared, user)
