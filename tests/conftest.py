@@ -1,17 +1,28 @@
-"""Fixtures shared by every tier: a clean log (ours and structlog) per test, and a hostile path."""
+"""Fixtures shared by every tier: a clean log (ours and structlog) per test, a hostile path,
+the project's real non-root test user, folders that user can reach, and a small tmpfs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 import structlog
 
+from tests.support import USER
 from wrapper import log
+from wrapper.osl.users import UserIds
+from wrapper.staging.scratch import remove_scratch
 
-# The real non-root test user and a folder it can reach, for every module.
-pytest_plugins = ["tests.support", "tests.sandbox"]
+# The real local Slurm cluster, for the end-to-end and adversarial tiers.
+pytest_plugins = ["tests.sandbox"]
 
 
 @pytest.fixture(autouse=True)
@@ -31,3 +42,64 @@ def weird_tmp_path(tmp_path: Path) -> Path:
     path = tmp_path / "we'ird \"dir\"; echo pwned\nline"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="module")
+def user() -> UserIds:
+    if os.geteuid() != 0:
+        pytest.fail("these tests run as root (as CI does): they act as a real non-root user")
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", USER], check=True)
+    entry = pwd.getpwnam(USER)
+    return UserIds.of(entry.pw_uid, entry.pw_gid)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A fresh folder the job user can traverse.
+
+    Not under pytest's tmp_path: every pytest run that starts (other test runs on this
+    machine included) sets /tmp/pytest-of-root back to 0700, which would lock the job
+    user out in the middle of a test.
+    """
+    path = Path(tempfile.mkdtemp(prefix="jobwrap-test-", dir="/tmp"))
+    os.chmod(path, 0o755)  # noqa: S103
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture
+def area() -> Iterator[Path]:
+    """A folder under /tmp every user can reach (pytest's tmp_path is root's, 0700),
+    removed without following links."""
+    path = Path(tempfile.mkdtemp(prefix="jw-staging-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        remove_scratch(path)
+
+
+@pytest.fixture
+def tmpfs() -> Callable[..., AbstractContextManager[Path]]:
+    """Mounts a small tmpfs for a block: ``with tmpfs(path, "2m") as mount:``, unmounted
+    when the block ends. Mounting must work here (no skip if it does not)."""
+
+    @contextlib.contextmanager
+    def mount(path: Path, size: str = "2m") -> Iterator[Path]:
+        path.mkdir(exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755",
+                               "tmpfs", str(path)], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            pytest.fail(f"this test needs a small tmpfs (mount -t tmpfs -o size={size} tmpfs "
+                        f"{path}) and mounting failed: {done.stderr.strip()}; run it as root "
+                        "on a machine that allows mounts")
+        try:
+            yield path
+        finally:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+    return mount

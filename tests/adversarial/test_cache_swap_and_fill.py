@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.staging import digest, public_dir, tmpfs
+from tests.support.staging import Tmpfs, digest
 from wrapper.errors import UserInputError
 from wrapper.staging import Cache, StageSettings, UserIds, parse_stage_in, prepare_scratch
 from wrapper.staging import stage_in as copy_in
@@ -36,13 +35,6 @@ while not os.path.exists(stop):
     os.rename(tmp, link)
     n += 1
 """
-
-
-@pytest.fixture
-def area() -> Iterator[Path]:
-    """A folder under /tmp every user can reach, removed without following links."""
-    with public_dir() as path:
-        yield path
 
 
 def two_trees(base: Path) -> tuple[Path, Path]:
@@ -123,7 +115,7 @@ def stage(area: Path, user: UserIds, source: Path, cache: Cache, job: str) -> Pa
 
 
 def test_space_is_reserved_in_blocks_so_small_files_do_not_overfill(
-        area: Path, user: UserIds) -> None:
+        area: Path, user: UserIds, tmpfs: Tmpfs) -> None:
     # 400 one-byte files are 400 bytes, but 400 blocks on disk: more than this cache has.
     source = small_files(area / "shared" / "tiny", 400, 1)
     with tmpfs(area / "cache", "1m") as root:
@@ -136,7 +128,7 @@ def test_space_is_reserved_in_blocks_so_small_files_do_not_overfill(
 
 @pytest.mark.parametrize("size", [4096, 8192])
 def test_a_cache_that_fills_up_mid_copy_is_bypassed_and_emptied(area: Path, user: UserIds,
-                                                                size: int) -> None:
+                                                                size: int, tmpfs: Tmpfs) -> None:
     # 300 files in three batches of descriptors; the disk fills in the first (8 KiB
     # files) or the second (4 KiB) batch. The negative margin makes the reservation
     # believe in 2 MiB that are not there, as when another writer fills the disk between
@@ -151,7 +143,7 @@ def test_a_cache_that_fills_up_mid_copy_is_bypassed_and_emptied(area: Path, user
         assert os.statvfs(root).f_bfree * os.statvfs(root).f_frsize > 900 * 1024
 
 
-def test_a_fill_that_finds_the_disk_full_drops_its_entry(area: Path) -> None:
+def test_a_fill_that_finds_the_disk_full_drops_its_entry(area: Path, tmpfs: Tmpfs) -> None:
     source = small_files(area / "shared" / "mid", 20, 64 * 1024)
     with tmpfs(area / "cache", "2m") as root:
         os.chmod(root, 0o700)

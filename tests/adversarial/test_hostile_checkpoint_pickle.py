@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import framework_python, shared, user  # noqa: F401 - fixtures
+from tests.support import framework_python
 from wrapper.checkpoints import latest_valid
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
@@ -80,8 +80,7 @@ def _discover(directory: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_hostile_dcp_metadata_never_runs(kind: str, user: UserIds,  # noqa: F811
-                                         shared: Path) -> None:  # noqa: F811
+def test_hostile_dcp_metadata_never_runs(kind: str, user: UserIds, shared: Path) -> None:
     marker = shared / "pwned"
     ckpt = shared / "ckpt"
     for step in (10, 20):

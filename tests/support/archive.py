@@ -10,16 +10,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tests import support
+# The shared fixtures (tests/conftest.py), under the names the archive tests import from here.
+from tests.conftest import shared as shared
+from tests.conftest import user as user
+from tests.support import USER as USER
 from wrapper.config import Config, parse
 from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
-
-# The shared fixtures, under the names the archive tests import from here.
-USER = support.USER
-user = support.user
-shared = support.shared
 
 
 def config(base: Path, **archive: Any) -> Config:

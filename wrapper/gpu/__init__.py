@@ -24,7 +24,7 @@ _EXPORTS = {
     "CheckResult": "wrapper.gpu.checks", "GpuReading": "wrapper.gpu.probe",
     "Probe": "wrapper.gpu.probe", "ProbeError": "wrapper.gpu.probe",
     "open_probe": "wrapper.gpu.probe", "Report": "wrapper.gpu.report",
-    "parse_gres_gpus": "wrapper.gpu.report", "run_checks": "wrapper.gpu.report",
+    "run_checks": "wrapper.gpu.report",
     "ResumeDecision": "wrapper.gpu.resume", "decide_resume": "wrapper.gpu.resume",
 }
 __all__ = sorted(_EXPORTS)

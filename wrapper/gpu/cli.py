@@ -19,8 +19,9 @@ from typing import Any
 import click
 
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
-from wrapper.gpu.report import TARGETS, Report, parse_gres_gpus, read_probe, run_checks
+from wrapper.gpu.report import TARGETS, Report, read_probe, run_checks
 from wrapper.gpu.resume import ResumeDecision, decide_resume
+from wrapper.slurm.records import parse_gres_gpus
 
 
 @click.command("check")

@@ -18,7 +18,6 @@ hang for minutes); each check then runs on those readings and is timed against
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -146,7 +145,7 @@ def run_checks(cfg: Config, probe: Probe, *, phase: str, allocated: Collection[i
     ``allocated``: Slurm's GPU ids of the job on this node (SLURM_JOB_GPUS); None in a
     hook means "read SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES from ``env``", and outside a
     job (phase "check") "every GPU". ``configured_gres``: the GPUs Slurm's gres gives this
-    node, if known (see :func:`parse_gres_gpus`).
+    node, if known (see :func:`wrapper.slurm.records.parse_gres_gpus`).
 
     A GPU that is lost, or a driver missing on a node whose gres lists GPUs, is a failed
     check. Raises ConfigError for bad ``[checks]``/``[versions]`` values and ProbeError
@@ -206,46 +205,3 @@ def _probe_failure(error: ProbeError, configured_gres: int | None) -> CheckResul
         return node_result("probe", "pass", "no NVIDIA driver, and Slurm's gres lists no GPU "
                            "on this node: nothing to check")
     raise error
-
-
-_GRES_ITEM = re.compile(r"^([A-Za-z_]+)(?::([^:(]+))?(?::([0-9]+[KMG]?))?(?:\(.*\))?$")
-
-
-def parse_gres_gpus(gres: str) -> int:
-    """GPUs in a Slurm Gres string: ``gpu:h100:4(S:0),gpu:h100:4(S:1),shard:8`` -> 8.
-
-    ``(null)`` or no gpu entry -> 0. Raises ValueError on an entry it cannot read.
-    """
-    total = 0
-    for item in _split_gres(gres.strip()):
-        if not item or item == "(null)":
-            continue
-        match = _GRES_ITEM.match(item)
-        if not match:
-            raise ValueError(f"cannot read the gres entry {item!r}")
-        name, second, third = match.groups()
-        if name != "gpu":
-            continue
-        count = third if third is not None else \
-            second if second and re.fullmatch(r"[0-9]+[KMG]?", second) else None
-        if count is None:
-            total += 1
-            continue
-        scale = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(count[-1], 1)
-        total += int(count.rstrip("KMG")) * scale
-    return total
-
-
-def _split_gres(text: str) -> list[str]:
-    items: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for ch in text:
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    items.append("".join(current))
-    return [i.strip() for i in items]

@@ -77,8 +77,8 @@ def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: s
 
 def configured_gres(cfg: Config, node: str, backend: SlurmBackend) -> int | None:
     """GPUs in the node's gres, from a short-lived cache or from Slurm (None if unknown)."""
-    from wrapper.gpu.report import parse_gres_gpus
     from wrapper.slurm.commands import node_file, read_node_file, write_node_file
+    from wrapper.slurm.records import parse_gres_gpus
 
     cache = node_file(cfg.paths.state_dir, f"{node}.json")
     data = read_node_file(cache)

@@ -33,7 +33,8 @@ newlines and all. A reader that splits on every `` Key=`` lets
      text, which root uses with that user's rights and never for a decision.
 
 ``SlurmJob`` is the typed view of a record (state, reason, exit, requeue, restarts...).
-Node records are written by Slurm and admins only (``parse_record`` in parse.py).
+Node records are written by Slurm and admins only (``parse_record`` in parse.py);
+``parse_gres_gpus`` counts the GPUs in one's ``Gres`` field.
 """
 
 from __future__ import annotations
@@ -295,6 +296,49 @@ def from_json_node(data: Mapping[str, Any]) -> dict[str, str]:
             "SlurmdStartTime": _time(node.get("slurmd_start_time")),
             "BootTime": _time(node.get("boot_time"))}
 
+
+# -- a node's Gres ----------------------------------------------------------------------------
+_GRES_ITEM = re.compile(r"^([A-Za-z_]+)(?::([^:(]+))?(?::([0-9]+[KMG]?))?(?:\(.*\))?$")
+
+
+def parse_gres_gpus(gres: str) -> int:
+    """GPUs in a Slurm Gres string: ``gpu:h100:4(S:0),gpu:h100:4(S:1),shard:8`` -> 8.
+
+    ``(null)`` or no gpu entry -> 0. Raises ValueError on an entry it cannot read.
+    """
+    total = 0
+    for item in _split_gres(gres.strip()):
+        if not item or item == "(null)":
+            continue
+        match = _GRES_ITEM.match(item)
+        if not match:
+            raise ValueError(f"cannot read the gres entry {item!r}")
+        name, second, third = match.groups()
+        if name != "gpu":
+            continue
+        count = third if third is not None else \
+            second if second and re.fullmatch(r"[0-9]+[KMG]?", second) else None
+        if count is None:
+            total += 1
+            continue
+        scale = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(count[-1], 1)
+        total += int(count.rstrip("KMG")) * scale
+    return total
+
+
+def _split_gres(text: str) -> list[str]:
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    items.append("".join(current))
+    return [i.strip() for i in items]
 
 # -- the typed view ---------------------------------------------------------------------------
 # Slurm's Reason while a job is COMPLETING tells what ended it.

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.archive import config as archive_config
-from tests.support.archive import record, run_attempt, shared, user
-from tests.support.archive import state as archive_state
+from tests.support.archive import run_attempt
 from wrapper import config as config_mod
 from wrapper.archive import archive_attempt
 from wrapper.goodput.hook import after_attempt, attempt_records, ledger_of
+from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 from wrapper.slurm.fake import FakeSlurm
-
-__all__ = ["shared", "user"]  # fixtures, used by name
 
 
 def _cfg(tmp_path: Path, extra: str = "") -> config_mod.Config:
@@ -75,11 +73,13 @@ def test_the_admin_comment_holds_root_words_only() -> None:
     assert len(long) <= MAX_COMMENT and long.startswith("jobwrap: a") and "a199=" in long
 
 
-def test_attempts_on_other_nodes_come_from_the_archive(shared: Path, user: UserIds) -> None:
+def test_attempts_on_other_nodes_come_from_the_archive(
+        shared: Path, user: UserIds, archive_config: Callable[..., config_mod.Config],
+        job_record: Callable[..., JobRecord], user_state: Callable[..., JobState]) -> None:
     """The state folder is node-local: attempt 0 ran elsewhere, its manifest tells it."""
-    cfg = archive_config(shared, max_age_days=0.5)
-    rec = record(shared, user, nodes=["n1"])
-    elsewhere = archive_state(shared, user)
+    cfg = archive_config(max_age_days=0.5)
+    rec = job_record(nodes=["n1"])
+    elsewhere = user_state()
     run_attempt(elsewhere, 0, ["n1"], kind="hang", decision="requeue", checkpoints=(5,))
     archive_attempt(cfg, elsewhere, rec, attempt=0, node="n1", script_text="#!/bin/sh\n",
                     extra={})

@@ -8,12 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.archive import shared, user
 from tests.unit.archive.test_archive_cli import archived, jobwrap
 from wrapper.goodput.accounting import Attempt, Checkpoint, account
 from wrapper.goodput.report import FLAKY_SCORE, JobLedger, build, render
 
-__all__ = ["archived", "shared", "user"]  # fixtures, used by name
+__all__ = ["archived"]  # a fixture, used by name
 
 
 def _job(job_id: str, *attempts: Attempt) -> JobLedger:

@@ -14,7 +14,7 @@ from wrapper.errors import ConfigError
 from wrapper.gpu.checks import REGISTRY, CheckResult
 from wrapper.gpu.fake import dump_inventory, load_inventory
 from wrapper.gpu.probe import ProbeError, open_probe
-from wrapper.gpu.report import Report, parse_gres_gpus, run_checks
+from wrapper.gpu.report import Report, run_checks
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 HEALTHY = FIXTURES / "healthy-4.toml"
@@ -248,19 +248,6 @@ def test_a_job_without_gpus_here_checks_none(tmp_path: Path) -> None:
 def test_outside_a_job_every_gpu_is_checked(tmp_path: Path) -> None:
     report = check(tmp_path, phase="check", env={"SLURM_JOB_GPUS": "1"})
     assert {r.gpu_index for r in rows(report, "ecc")} == {0, 1, 2, 3}
-
-
-@pytest.mark.parametrize(("gres", "expected"), [
-    ("gpu:4", 4), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4(S:0),gpu:a100:4(S:1),shard:16", 8),
-    ("(null)", 0), ("", 0), ("gpu", 1), ("gpu:1K", 1024), ("mps:100,gpu:tesla:2", 2),
-])
-def test_gres_strings_are_counted(gres: str, expected: int) -> None:
-    assert parse_gres_gpus(gres) == expected
-
-
-def test_a_gres_string_that_cannot_be_read() -> None:
-    with pytest.raises(ValueError, match="cannot read the gres entry"):
-        parse_gres_gpus("gpu:a:b:c")
 
 
 # -- the report ---------------------------------------------------------------------------

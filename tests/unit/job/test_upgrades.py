@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.support.staging import MakeDataset
 from tests.unit.hooks.test_hooks import FIXTURES, slurm_env
 from tests.unit.restart.test_epilog_matrix import job_files
 from wrapper.archive import index as index_mod
@@ -312,9 +313,8 @@ def test_the_indexer_reads_an_older_spool_record_again_and_leaves_a_newer_one(
     assert "whole" not in ledger and "ettr" in json.loads(ledger)  # this schema's, brief
 
 
-def test_a_newer_staging_cache_entry_is_a_miss_and_filled_again(area: Path,
-                                                                  user: UserIds) -> None:
-    from tests.support.staging import make_dataset
+def test_a_newer_staging_cache_entry_is_a_miss_and_filled_again(
+        area: Path, user: UserIds, make_dataset: MakeDataset) -> None:
     from tests.unit.staging.test_staging_cache import SETTINGS, Jobs
     from wrapper.staging import Cache
     from wrapper.staging.cache import MARKER, MARKER_FORMAT

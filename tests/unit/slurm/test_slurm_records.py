@@ -22,6 +22,7 @@ from wrapper.slurm.records import (
     from_json_job,
     from_json_node,
     node_lost,
+    parse_gres_gpus,
     parse_job_text,
     slurm_timestamp,
     time_limit_seconds,
@@ -147,6 +148,20 @@ def test_json_node() -> None:
     assert got == {"NodeName": "n1", "State": "IDLE+DRAIN", "Gres": "gpu:4",
                    "Reason": "jobwrap: ecc", "Partitions": "", "SlurmdStartTime": "Unknown",
                    "BootTime": "Unknown"}
+
+
+# -- a node's Gres -------------------------------------------------------------------------
+@pytest.mark.parametrize(("gres", "expected"), [
+    ("gpu:4", 4), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4(S:0),gpu:a100:4(S:1),shard:16", 8),
+    ("(null)", 0), ("", 0), ("gpu", 1), ("gpu:1K", 1024), ("mps:100,gpu:tesla:2", 2),
+])
+def test_gres_strings_are_counted(gres: str, expected: int) -> None:
+    assert parse_gres_gpus(gres) == expected
+
+
+def test_a_gres_string_that_cannot_be_read() -> None:
+    with pytest.raises(ValueError, match="cannot read the gres entry"):
+        parse_gres_gpus("gpu:a:b:c")
 
 
 # -- host lists -----------------------------------------------------------------------------

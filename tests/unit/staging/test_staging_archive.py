@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.staging import digest, make_dataset, tmpfs
+from tests.support.staging import MakeDataset, Tmpfs, digest
 from wrapper.errors import UserInputError
 from wrapper.staging import (
     StageSettings,
@@ -26,7 +26,7 @@ MS = 1_000_000  # a tar keeps mtimes as a decimal number of seconds
 
 
 @pytest.fixture
-def dataset(area: Path) -> Path:
+def dataset(area: Path, make_dataset: MakeDataset) -> Path:
     return make_dataset(area / "shared" / "ds", big=1 << 20)
 
 
@@ -166,7 +166,8 @@ def test_a_truncated_archive(dataset: Path, area: Path, scratch: Path, user: Use
     assert os.listdir(scratch) == []
 
 
-def test_an_archive_too_big_to_unpack_fails_cleanly(area: Path, user: UserIds) -> None:
+def test_an_archive_too_big_to_unpack_fails_cleanly(area: Path, user: UserIds,
+                                                    tmpfs: Tmpfs) -> None:
     shared = area / "shared"
     shared.mkdir()
     (shared / "zeros").write_bytes(b"\0" * (6 << 20))  # compresses to almost nothing

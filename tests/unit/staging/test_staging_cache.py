@@ -15,13 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.staging import (
-    as_user,
-    digest,
-    make_dataset,
-    tmpfs,
-    try_write,
-)
+from tests.support.staging import MakeDataset, Tmpfs, as_user, digest, try_write
 from wrapper.config import StagingConfig
 from wrapper.errors import UserInputError
 from wrapper.staging import (
@@ -39,11 +33,6 @@ from wrapper.staging.tree import SourceTree
 SETTINGS = StageSettings(free_margin_bytes=0)
 MIB = 1 << 20
 MS = 1_000_000  # what a tar keeps of an mtime, safely
-
-
-@pytest.fixture
-def dataset(area: Path) -> Path:
-    return make_dataset(area / "shared" / "ds")
 
 
 @pytest.fixture
@@ -135,7 +124,8 @@ def _stage_in_process(area: str, dataset: str, job: str, barrier: Any, out: Any)
     out.put(report.items[0].as_dict())
 
 
-def test_two_jobs_staging_the_same_dataset_at_once_copy_it_once(area: Path, user: UserIds) -> None:
+def test_two_jobs_staging_the_same_dataset_at_once_copy_it_once(
+        area: Path, user: UserIds, make_dataset: MakeDataset) -> None:
     dataset = make_dataset(area / "shared" / "ds", big=24 * MIB)  # a fill takes a while
     context = multiprocessing.get_context("fork")
     barrier, out = context.Barrier(3), context.Queue()
@@ -253,7 +243,8 @@ def test_a_changed_source_is_a_new_entry(jobs: Jobs, dataset: Path, cache: Cache
     assert (scratch / "data" / "a.txt").read_text() == "changed\n"
 
 
-def test_content_keys_find_the_same_data_anywhere(jobs: Jobs, area: Path) -> None:
+def test_content_keys_find_the_same_data_anywhere(jobs: Jobs, area: Path,
+                                                  make_dataset: MakeDataset) -> None:
     cache = Cache(area / "cache", max_bytes=64 * MIB, key_mode="sha256")
     one = make_dataset(area / "shared" / "one", big=MIB)
     two = area / "shared" / "two"
@@ -277,7 +268,7 @@ def test_copy_mode_gives_the_user_their_own_files(jobs: Jobs, dataset: Path, are
 
 
 def test_across_file_systems_the_cache_copies(jobs: Jobs, dataset: Path, cache: Cache,
-                                              area: Path, user: UserIds) -> None:
+                                              area: Path, user: UserIds, tmpfs: Tmpfs) -> None:
     jobs.stage(f"{dataset}:data", cache)
     with tmpfs(area / "local", "16m") as local:
         scratch = prepare_scratch(local / "scratch", "500", user)
@@ -289,7 +280,7 @@ def test_across_file_systems_the_cache_copies(jobs: Jobs, dataset: Path, cache: 
 
 def test_too_big_for_scratch_fails_before_filling_the_cache(jobs: Jobs, dataset: Path,
                                                             cache: Cache, area: Path,
-                                                            user: UserIds) -> None:
+                                                            user: UserIds, tmpfs: Tmpfs) -> None:
     with tmpfs(area / "local", "2m") as local:
         scratch = prepare_scratch(local / "scratch", "501", user)
         with pytest.raises(UserInputError, match=r"but only 2\.0 MiB is free"):
@@ -388,7 +379,7 @@ def test_a_one_pass_fill_that_finds_the_disk_full_takes_back_its_links(
 
 
 def test_a_one_pass_fill_that_fails_for_the_job_leaves_neither_links_nor_entry(
-        jobs: Jobs, dataset: Path, area: Path, cache: Cache) -> None:
+        jobs: Jobs, dataset: Path, area: Path, cache: Cache, make_dataset: MakeDataset) -> None:
     other = make_dataset(area / "shared" / "other")
     (other / "sub" / "big.bin").write_bytes(b"another")
     scratch = jobs.scratch()

@@ -10,11 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.staging import (
-    digest,
-    make_dataset,
-    tmpfs,
-)
+from tests.support.staging import HOSTILE, MakeDataset, Tmpfs, digest
 from wrapper.errors import UserInputError
 from wrapper.staging import (
     Progress,
@@ -29,11 +25,6 @@ from wrapper.staging import copy as engine
 from wrapper.staging.tree import Entry, SourceTree
 
 NO_MARGIN = StageSettings(free_margin_bytes=0)
-
-
-@pytest.fixture
-def dataset(area: Path) -> Path:
-    return make_dataset(area / "shared" / "ds")
 
 
 @pytest.fixture
@@ -159,7 +150,7 @@ def test_a_folder_can_be_merged_into_scratch(dataset: Path, scratch: Path,
 
 
 def test_a_dataset_too_big_for_the_disk_fails_before_copying(
-        area: Path, dataset: Path, user: UserIds) -> None:
+        area: Path, dataset: Path, user: UserIds, tmpfs: Tmpfs) -> None:
     with tmpfs(area / "small", "2m") as small:
         scratch = prepare_scratch(small / "scratch", "101", user)
         with pytest.raises(UserInputError) as info:
@@ -173,7 +164,7 @@ def test_a_dataset_too_big_for_the_disk_fails_before_copying(
         assert os.listdir(scratch) == []
 
 
-def test_the_margin_is_kept_free(area: Path, dataset: Path, user: UserIds) -> None:
+def test_the_margin_is_kept_free(area: Path, dataset: Path, user: UserIds, tmpfs: Tmpfs) -> None:
     with tmpfs(area / "small", "8m") as small:
         scratch = prepare_scratch(small / "scratch", "102", user)
         with pytest.raises(UserInputError, match=r"and 6\.0 MiB must stay free"):
@@ -421,10 +412,8 @@ def test_a_proven_scan_hands_out_the_descriptors_it_read(tmp_path: Path,
     assert _open_fds() == before
 
 
-def test_the_dataset_helper_covers_every_kind(tmp_path: Path) -> None:
+def test_the_dataset_helper_covers_every_kind(tmp_path: Path, make_dataset: MakeDataset) -> None:
     """The dataset holds each kind the tests rely on (so a broken helper fails here)."""
-    from tests.support.staging import HOSTILE, digest, make_dataset
-
     tree = digest(make_dataset(tmp_path / "ds", big=1024))
     kinds = {row[0] for row in tree.values()}
     assert kinds == {"file", "dir", "link"}

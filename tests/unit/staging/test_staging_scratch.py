@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.staging import tmpfs
+from tests.support.staging import Tmpfs
 from wrapper.staging import StagingError, UserIds, prepare_scratch, remove_scratch
 from wrapper.staging.scratch import remove_tree
 
@@ -115,7 +115,7 @@ def test_scratch_itself_swapped_for_a_symlink(area: Path, user: UserIds,
     assert sentinel_intact(sentinel)
 
 
-def test_a_mount_inside_scratch_is_left_alone(area: Path, user: UserIds) -> None:
+def test_a_mount_inside_scratch_is_left_alone(area: Path, user: UserIds, tmpfs: Tmpfs) -> None:
     path = prepare_scratch(area / "scratch", "13", user)
     (path / "a" / "mnt").mkdir(parents=True)
     (path / "a" / "file").write_text("goes")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.staging import digest, make_dataset
+from tests.support.staging import MakeDataset, digest
 from wrapper.staging import (
     Progress,
     StageSettings,
@@ -21,7 +21,7 @@ from wrapper.staging import (
 
 
 @pytest.fixture
-def scratch(area: Path, user: UserIds) -> Path:
+def scratch(area: Path, user: UserIds, make_dataset: MakeDataset) -> Path:
     """The scratch of a job that failed half-way: some results, and a partial checkpoint."""
     path = prepare_scratch(area / "scratch", "700", user)
     make_dataset(path / "results", big=1 << 20)
