@@ -323,6 +323,11 @@ class RestartConfig(Section):
     spare_nodes: str = _opt("", "Default --spare-nodes per partition, e.g. \"gpu=1,big=2\" "
                             "(jobs asking none get these; written into job_submit.lua by "
                             "jobwrap install-lua).")
+    node_verdict_wait: float = _opt(120.0, "Seconds jobwrap run waits, after srun said it "
+                                    "could not reach a node, for Slurm to say whether the "
+                                    "node is lost before restarting on it (Slurm marks a "
+                                    "node not responding after a failed ping, within "
+                                    "SlurmdTimeout).", non_negative=True)
 
 
 class StagingConfig(Section):

@@ -10,7 +10,8 @@ jobwrap's reason, a node Slurm lost): the command's status ends the job, and the
 epilog's requeue puts it on healthy nodes, unless the job holds spare nodes
 (``--spare-nodes``): then the faulty node is given back and the work restarts at once on
 the healthy ones with a spare in its place, inside the allocation
-(:class:`wrapper.restart.spares.Spares`).
+(:class:`wrapper.restart.spares.Spares`). A node srun could not reach is awaited until
+Slurm judges it (:func:`faults_after`), so that a restart never races Slurm's verdict.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ from wrapper.restart.classify import (
     oom_kill_in_output,
 )
 from wrapper.restart.policy import PastAttempt, decide
-from wrapper.restart.spares import Spares, faulty_nodes, record_claim, working_before
+from wrapper.restart.spares import (
+    Spares,
+    await_verdict,
+    faulty_nodes,
+    record_claim,
+    working_before,
+)
 
 if TYPE_CHECKING:
     pass
@@ -118,9 +125,10 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
                     seconds=round(time.monotonic() - started, 2))
         if state.stopping:
             return status if status >= 0 else 128 + sig
-        faulty: dict[str, str] | None = None  # asked of Slurm at most once per failure
+        text = tail.text()
+        faulty: dict[str, str] | None = None  # asked of Slurm once per failure (or awaited)
         if status != 0 and spares is not None:
-            faulty = faulty_nodes(cfg, base_attempt, nodes=spares.nodes)
+            faulty = faults_after(cfg, base_attempt, text, spares.nodes, say)
             if faulty and spares.replace_faulty(cfg, faulty, say):
                 attempt, swaps = attempt + 1, swaps + 1
                 continue
@@ -129,7 +137,6 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         # read as "the same error" and stop the restarts
         # The output is jobwrap run's own evidence (it decides for the job's user alone):
         # slurmstepd's OOM-kill line there is the OOM kill root would see in Slurm.
-        text = tail.text()
         verdict = classify(Evidence(exit_code=code, exit_signal=sig, output_tail=text,
                                     oom_kill=oom_kill_in_output(text)))
         if status != 0 and hung_since(cfg, base_attempt, started_at):
@@ -148,7 +155,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         if not decision.requeue:
             return code if code else 128 + sig
         if faulty is None:
-            faulty = faulty_nodes(cfg, base_attempt)
+            faulty = faults_after(cfg, base_attempt, text, None, say)
         if faulty:  # never restart in place on a node root found faulty: the queue's turn
             where = "; ".join(f"{node}: {why}" for node, why in sorted(faulty.items()))
             say(f"jobwrap run: not restarting in place: a node of the job is faulty ({where}); "
@@ -196,6 +203,24 @@ class ErrorTail:
 
     def text(self) -> str:
         return bytes(self.kept[-self.KEEP:]).decode("utf-8", "replace")
+
+
+def faults_after(cfg: Config, attempt: int, text: str, nodes: Sequence[str] | None,
+                 say: Callable[[str], None]) -> dict[str, str]:
+    """The job's nodes root or Slurm found faulty after a failed run; when srun's errors
+    (``text``) say it could not reach a node of which Slurm has no verdict yet, asked
+    again until it has one, for at most ``[restart] node_verdict_wait``."""
+    from wrapper.slurm.parse import nodes_srun_lost
+
+    found = faulty_nodes(cfg, attempt, nodes=nodes)
+    suspects = [n for n in nodes_srun_lost(text) if nodes is None or n in nodes]
+    wait_s = cfg.restart.node_verdict_wait
+    if found or not suspects or wait_s <= 0:
+        return found
+    say(f"jobwrap run: srun could not reach {','.join(suspects)}; waiting up to "
+        f"{wait_s:g} s for Slurm to say whether it is lost")
+    return await_verdict(lambda: faulty_nodes(cfg, attempt, nodes=nodes), suspects,
+                         wait_s=wait_s)
 
 
 def with_directives(options: JobOptions, cfg: Config) -> JobOptions:

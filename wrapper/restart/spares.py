@@ -6,6 +6,7 @@ inside the allocation (part of the restart decision: see docs/recovery.md).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -175,3 +176,20 @@ def record_claim(cfg: Config, job_id: str, event: Event) -> None:
         JobStore.of(cfg, job_id).record(event)
     except (JobwrapError, OSError) as exc:
         log.get().debug("run.not_recorded", error=str(exc))
+
+
+def await_verdict(ask: Callable[[], dict[str, str]], suspects: Sequence[str], *,
+                  wait_s: float, poll_s: float = 2.0,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
+    """Root's and Slurm's faults (``ask``: :func:`faulty_nodes`) once one of ``suspects``
+    is among them, or what ``ask`` says after ``wait_s``. srun can end before slurmctld
+    has judged a node it could not reach (a node is marked not responding only after a
+    failed ping): restarting at once would launch on the lost node again, fail the same
+    way and spend the restarts, and a spare would never be used."""
+    deadline = clock() + wait_s
+    while True:
+        found = ask()
+        if any(node in found for node in suspects) or clock() >= deadline:
+            return found
+        sleep(max(0.0, min(poll_s, deadline - clock())))

@@ -197,3 +197,25 @@ def check_node(node: str) -> str:
     if not _NODE.match(node):
         raise SlurmError(f"{node!r} is not a Slurm node name")
     return node
+
+
+# srun's own errors when it cannot reach a node of its step (src/api/step_launch.c, the
+# same words in 22.05 and 25.11): a launch that failed there, or a node failure slurmctld
+# told it of. A task's own death ("srun: error: n2: task 1: Killed") names its node too,
+# but says nothing of the node: it is not read here.
+_UNREACHED = re.compile(r"Task launch for \S+ failed on node ([A-Za-z0-9._-]{1,128}):"
+                        r"|Node failure on ([A-Za-z0-9._,\[\]-]{1,1024})")
+
+
+def nodes_srun_lost(text: str) -> list[str]:
+    """The nodes srun's errors in ``text`` say it could not reach, in order, once each
+    (``Task launch for StepId=7.1 failed on node n2: Communication connection failure``,
+    ``Node failure on n[2-3]``). A name that does not read as a host list is skipped."""
+    found: list[str] = []
+    for match in _UNREACHED.finditer(text):
+        try:
+            names = [match[1]] if match[1] else expand_hostlist(match[2], max_hosts=4096)
+        except HostlistError:
+            continue
+        found.extend(n for n in names if n not in found)
+    return found

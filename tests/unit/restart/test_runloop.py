@@ -250,6 +250,82 @@ def test_run_moves_onto_a_spare_without_spending_a_restart(
     assert len(asked) == 3  # Slurm asked once per failed run, not twice
 
 
+LAUNCH_FAILED = ("srun: error: Task launch for StepId=7.1 failed on node n2: Communication "
+                 "connection failure")
+
+
+def test_a_node_srun_could_not_reach_is_awaited_then_swapped_for_a_spare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    # srun ended before slurmctld marked n2 not responding: restarting at once would
+    # launch on n2 again; jobwrap run asks Slurm again until it has judged n2
+    import wrapper.restart.spares as spares_mod
+    import wrapper.runloop as runloop
+
+    _spare_job(tmp_path, monkeypatch)
+    asked: list[int] = []
+    moves: list[dict[str, str]] = []
+
+    def faulty_nodes(cfg: Config, attempt: int, nodes: object = None) -> dict[str, str]:
+        asked.append(attempt)
+        return {"n2": "Slurm lost it (IDLE*)"} if len(asked) >= 3 else {}
+
+    def replace_faulty(self: runloop.Spares, cfg: Config, faulty: dict[str, str],
+                       say: object) -> bool:
+        moves.append(faulty)
+        self.nodes = ["n1", "n3"]
+        return True
+
+    monkeypatch.setattr(runloop, "faulty_nodes", faulty_nodes)
+    monkeypatch.setattr(runloop.Spares, "replace_faulty", replace_faulty)
+    monkeypatch.setattr(spares_mod.time, "sleep", lambda s: None)
+    marker = tmp_path / "runs"
+    said: list[str] = []
+    code = run(["sh", "-c", f'echo $SLURM_JOB_NODELIST >> {marker}; '
+                f'[ "$SLURM_JOB_NODELIST" = n1,n3 ] && exit 0; echo "{LAUNCH_FAILED}" >&2; '
+                "exit 1"], parse_args(["--spare-nodes=1", "--max-restarts=0"]), Config(),
+               say=said.append)
+    assert code == 0 and moves == [{"n2": "Slurm lost it (IDLE*)"}]
+    assert marker.read_text().splitlines() == ["n1,n2,n3", "n1,n3"]  # never n2 again
+    assert len(asked) == 3 and any("srun could not reach n2" in line for line in said)
+
+
+def test_the_wait_for_slurms_verdict_is_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    from wrapper.restart.spares import await_verdict
+
+    now = [0.0]
+    asks: list[float] = []
+
+    def ask() -> dict[str, str]:
+        asks.append(now[0])
+        return {"n7": "drained by jobwrap"}  # another node's fault: not the one awaited
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    found = await_verdict(ask, ["n2"], wait_s=10, poll_s=3, clock=lambda: now[0],
+                          sleep=sleep)
+    assert found == {"n7": "drained by jobwrap"}  # what Slurm says at the end, unchanged
+    assert asks == [0, 3, 6, 9, 10]
+
+
+def test_without_srun_naming_a_node_nothing_is_awaited(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    import wrapper.runloop as runloop
+
+    asked: list[int] = []
+    monkeypatch.setattr(runloop, "faulty_nodes",
+                        lambda cfg, attempt, nodes=None: asked.append(attempt) or {})
+    said: list[str] = []
+    from wrapper.config import RestartConfig
+
+    cfg = Config(restart=RestartConfig(no_progress_limit=5))
+    assert run(["sh", "-c", 'echo "srun: error: n2: task 1: Killed" >&2; exit 1'],
+               parse_args(["--max-restarts=1"]), cfg, say=said.append) == 1
+    assert asked == [0]  # once, for the one restart: a task's death is not a node's
+    assert not any("could not reach" in line for line in said)
+
+
 def test_a_node_given_back_by_a_running_job_makes_no_decision(tmp_path: Path) -> None:
     from wrapper.hooks.epilog import _released
     from wrapper.job.record import JobRecord

@@ -83,3 +83,18 @@ def test_parse_record_job_line() -> None:
     assert record["ExitCode"] == "3:0"
     assert record["TRES"] == "cpu=2,node=1,billing=2"
     assert record["ExcNodeList"] == "n1"
+
+
+@pytest.mark.parametrize(("text", "nodes"), [
+    ("srun: error: Task launch for StepId=7.1 failed on node n2: Communication connection "
+     "failure\nsrun: error: Application launch failed: Communication connection failure\n",
+     ["n2"]),
+    ("srun: error: Node failure on n[2-3]\nsrun: error: Node failure on n3\n", ["n2", "n3"]),
+    ("srun: error: n2: task 1: Killed\nsrun: Terminating StepId=7.0\n", []),  # a task's death
+    ("srun: error: Node failure on n[9-]\n", []),  # not a host list: skipped, never raises
+    ("", []),
+])
+def test_nodes_srun_could_not_reach(text: str, nodes: list[str]) -> None:
+    from wrapper.slurm.parse import nodes_srun_lost
+
+    assert nodes_srun_lost(text) == nodes
