@@ -503,6 +503,10 @@ local function scratch_path(text, directive, role)
                 where, MAX_NAME_BYTES)
         end
     end
+    if parts[1] and starts_with(parts[1], "~") then -- "./~": its normal form starts with '~'
+        return where .. " starts with '~' once './' is dropped, which is not expanded; name a "
+            .. "path inside the scratch folder, e.g. 'data'"
+    end
     return nil
 end
 

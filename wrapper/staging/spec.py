@@ -110,6 +110,9 @@ def scratch_path(text: str, *, directive: str, role: str) -> str:
         if len(part.encode()) > MAX_NAME_BYTES:
             raise UserInputError(f"{where} has a component longer than {MAX_NAME_BYTES} "
                                  "bytes; use shorter names")
+    if parts and parts[0].startswith("~"):  # "./~": its normal form would start with '~'
+        raise UserInputError(f"{where} starts with '~' once './' is dropped, which is not "
+                             "expanded; name a path inside the scratch folder, e.g. 'data'")
     return "/".join(parts) or "."
 
 

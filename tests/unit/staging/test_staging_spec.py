@@ -141,3 +141,10 @@ def test_no_accepted_stage_in_value_escapes(text: str) -> None:
             continue
         joined = os.path.normpath(os.path.join("/scratch", spec.dest))
         assert joined == "/scratch" or joined.startswith("/scratch/")
+
+
+def test_a_dest_whose_normal_form_starts_with_a_tilde_is_refused() -> None:
+    # found by Hypothesis: "./~" was accepted as "~", which is itself refused
+    with pytest.raises(UserInputError, match="starts with '~' once './' is dropped"):
+        scratch_path("./~", directive="--stage-in=/x", role="DEST")
+    assert scratch_path("a/~", directive="--stage-in=/x", role="DEST") == "a/~"
