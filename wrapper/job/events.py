@@ -489,10 +489,12 @@ class SupervisorEnd(_BySupervisor):
 @kind("checkpoint", writer="user")
 @dataclass(frozen=True)
 class Checkpoint(_BySupervisor):
-    """A new valid checkpoint appeared."""
+    """A new valid checkpoint appeared; ``save_s``: how long saving it took, when
+    something measured it (the goodput advice reads it)."""
     path: str = ""
     step: int | None = None
     layout: str = ""
+    save_s: float | None = None
 
 
 @kind("hang", writer="user")
