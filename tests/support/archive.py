@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from tests import support
+from wrapper.archive.status import AttemptSummary, summarize
 from wrapper.config import Config, parse
+from wrapper.job import events as ev
 from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
@@ -82,3 +84,9 @@ def run_attempt(job: JobState, attempt: int, nodes: list[str], *, kind: str = "s
                exit_signal=0, slurm_state="", decision=decision, reason=f"{decision} reason",
                exclude=[], checkpoint_step=checkpoints[-1] if checkpoints else None,
                checkpoint_path=f"/ckpt/step-{checkpoints[-1]}" if checkpoints else None)
+
+
+def summarized(records: list[dict[str, Any]]) -> list[AttemptSummary]:
+    """The attempts told from event records, decoded as the store and the manifest decode
+    them (``ev.decode_attempts``)."""
+    return summarize(ev.decode_attempts(records))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tests.support.archive import record, run_attempt, shared, state, user, work_dir
 from wrapper.archive.manifest import SCHEMA_VERSION, build, merge_events, read_code
+from wrapper.job import events as ev
 from wrapper.osl.child import call_as as as_user
 from wrapper.osl.users import UserIds
 
@@ -94,4 +95,6 @@ def test_events_seen_by_two_nodes_count_once() -> None:
     event = {"ts": 1.5, "event": "epilog.context", "node": "n1", "attempt": 0,
              "source": "root"}
     later = {**event, "ts": 2.5, "node": "n2"}
-    assert merge_events([later, event, dict(event)]) == [event, later]
+    merged = merge_events([later, event, dict(event)])
+    assert [(type(e), e.node, e.ts) for e in merged] == [(ev.EpilogContext, "n1", 1.5),
+                                                         (ev.EpilogContext, "n2", 2.5)]

@@ -24,7 +24,9 @@ from wrapper import slurm
 from wrapper.archive import archive_attempt, jobenv, rerun
 from wrapper.config import Config, GpuConfig, PathsConfig, SlurmConfig
 from wrapper.hooks.health import check_node
+from wrapper.job import events as ev
 from wrapper.job.state import JobState
+from wrapper.job.store import JobStore
 from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
 
@@ -44,7 +46,7 @@ def test_software_is_what_roots_version_checks_read_with_the_fake_probe(tmp_path
     report = check_node(ctx, cfg, {}, phase="prolog", backend=slurm.backend(SlurmConfig()),
                         state=job)
     assert report.verdict == "pass"
-    stack = rerun.software(job.events())["n1"]
+    stack = rerun.software(JobStore(job).events())["n1"]
     assert (stack["driver"], stack["cuda"]) == ("550.54.15", "12.4")
     assert stack["checks"]["driver"] == "pass" and stack["phase"] == "prolog"
     assert stack["nccl"] is None and stack["attempt"] == 0
@@ -57,8 +59,8 @@ def test_version_rows_of_every_check_are_read_and_user_events_are_not() -> None:
              "reason": "nvidia-fabricmanager active, version 550.54.15"},
             {"check": "commands", "status": "pass", "reason": "python3.11 3.2.1 (>= 3.2)"},
             {"check": "commands", "status": "fail", "reason": "nvcc: was not found"}]
-    events = [{"event": "health", "source": "root", "node": "n2", "versions": rows},
-              {"event": "health", "source": "user", "node": "n3", "versions": rows}]
+    events = [ev.Health(node="n2", versions=rows),
+              ev.Health(node="n3", versions=rows, source="user")]
     found = rerun.software(events)
     assert list(found) == ["n2"]
     assert (found["n2"]["nccl"], found["n2"]["fabric_manager"]) == ("2.17.1", "550.54.15")
@@ -162,10 +164,9 @@ def test_a_staged_tree_has_the_cache_key_or_its_files_checksums() -> None:
     items = [{"directive": "a:b", "cache_key": "k" * 64, "files": 2},
              {"directive": "c:d", "checksums": {"x": "1", "y": "2"}},
              {"directive": "e:f"}]
-    events = [{"event": "staging.in", "source": "root", "attempt": 0, "node": n,
-               "items": items} for n in ("n1", "n2")]
-    events.append({"event": "staging.in", "source": "user", "attempt": 0,
-                   "items": [{"directive": "forged", "cache_key": "f"}]})
+    events = [ev.StagingIn(attempt=0, node=n, extra={"items": items}) for n in ("n1", "n2")]
+    events.append(ev.StagingIn(attempt=0, source="user",
+                               extra={"items": [{"directive": "forged", "cache_key": "f"}]}))
     found = rerun.data(events, 0)
     assert [(d["directive"], d["digest_kind"]) for d in found] == [
         ("a:b", "cache_key"), ("c:d", "files_sha256"), ("e:f", None)]
@@ -196,10 +197,8 @@ def test_the_rerun_command_replays_slurms_options_seeds_and_resume_point() -> No
     none = rerun.command(job_id="9", slurm={}, work_dir=None, script=None, seeds={},
                          resume_from=None, attempt=0)
     assert none["command"] is None and "not in the archive" in none["notes"][0]
-    ended = [{"event": "attempt.end", "source": "root", "attempt": 0,
-              "checkpoint_path": "/ck/step-5"},
-             {"event": "attempt.end", "source": "user", "attempt": 0,
-              "checkpoint_path": "/forged"}]
+    ended = [ev.AttemptEnd(attempt=0, checkpoint_path="/ck/step-5"),
+             ev.AttemptEnd(attempt=0, source="user", checkpoint_path="/forged")]
     assert rerun.resume_point(ended, 1) == "/ck/step-5" and rerun.resume_point(ended, 0) is None
 
 

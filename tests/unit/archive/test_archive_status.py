@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.archive import run_attempt, shared, state, user
+from tests.support.archive import run_attempt, shared, state, summarized, user
 from wrapper.archive.status import (
     ENDED,
     ENDING,
@@ -13,9 +13,16 @@ from wrapper.archive.status import (
     summarize,
     timeline,
 )
+from wrapper.job import events as ev
+from wrapper.job.state import JobState
+from wrapper.job.store import JobStore
 from wrapper.osl.users import UserIds
 
 __all__ = ["shared", "user"]  # fixtures, used by name
+
+
+def timeline_of(job: JobState) -> list[AttemptSummary]:
+    return timeline(JobStore(job))
 
 
 def test_a_finished_job_tells_both_attempts_in_order(shared: Path, user: UserIds) -> None:
@@ -24,7 +31,7 @@ def test_a_finished_job_tells_both_attempts_in_order(shared: Path, user: UserIds
                                                                                         200))
     job.append("gpu.fault", as_user=True, attempt=0, hook="supervisor", reason="xid 79 gpu1")
     run_attempt(job, 1, ["n1", "n3"], checkpoints=(300,))
-    first, second = timeline(job)
+    first, second = timeline_of(job)
     assert (first.attempt, first.status, first.nodes) == (0, ENDED, ["n1", "n2"])
     assert (first.checkpoints, first.latest_step) == (2, 200)
     assert (first.outcome, first.decision) == ("hardware", "requeue")
@@ -46,26 +53,26 @@ def test_a_running_attempt_shows_running(shared: Path, user: UserIds) -> None:
     run_attempt(job, 0, ["n1"], kind="walltime", decision="requeue")
     job.append("prolog.context", node="n1", attempt=1, context={"nodes": ["n1"]})
     job.append("checkpoint", as_user=True, attempt=1, hook="supervisor", path="/c/9", step=9)
-    attempts = timeline(job)
+    attempts = timeline_of(job)
     assert [a.status for a in attempts] == [ENDED, RUNNING]
     assert attempts[1].ended_at is None and attempts[1].latest_step == 9
     text = render("42", attempts, now=(attempts[1].started_at or 0) + 125)
     assert "-> running  (2m05s so far)" in text
     assert job_state(attempts) == "attempt 1 running"
     job.append("epilog.context", node="n1", attempt=1, context={})
-    assert timeline(job)[1].status == ENDING
+    assert timeline_of(job)[1].status == ENDING
 
 
 def test_the_users_events_cannot_forge_a_verdict(shared: Path, user: UserIds) -> None:
     job = state(shared, user)
     job.append("prolog.context", node="n1", attempt=0, context={"nodes": ["n1"]})
     job.append("attempt.end", as_user=True, attempt=0, kind="success", decision="done")
-    (attempt,) = timeline(job)
+    (attempt,) = timeline_of(job)
     assert (attempt.status, attempt.outcome, attempt.decision) == (RUNNING, None, None)
 
 
 def test_an_attempt_followed_by_another_is_over_even_without_its_verdict() -> None:
-    attempts = summarize([
+    attempts = summarized([
         {"ts": 1, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
         {"ts": 5, "event": "prolog.context", "attempt": 1, "node": "n2", "source": "root"},
         {"ts": 2, "event": "hang", "attempt": 0, "idle_s": 600, "source": "user"},
@@ -83,7 +90,7 @@ def test_summaries_round_trip_through_a_manifest() -> None:
 
 
 def test_the_users_events_cannot_forge_a_failed_prolog() -> None:
-    attempts = summarize([
+    attempts = summarized([
         {"ts": 1, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
         {"ts": 2, "event": "prolog.unhealthy", "attempt": 0, "node": "n1", "reason": "x",
          "source": "user"},
@@ -93,8 +100,6 @@ def test_the_users_events_cannot_forge_a_failed_prolog() -> None:
 
 
 def test_user_events_annotate_root_attempts_and_never_create_one() -> None:
-    from wrapper.archive.status import summarize
-
     events = [
         {"ts": 10.0, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
         {"ts": 12.0, "event": "checkpoint", "attempt": 0, "path": "c1", "step": 1,
@@ -102,6 +107,6 @@ def test_user_events_annotate_root_attempts_and_never_create_one() -> None:
         *({"ts": 11.0 + a, "event": "supervisor.start", "attempt": a, "source": "user"}
           for a in range(52, 120)),
     ]
-    summaries = summarize(events)
+    summaries = summarized(events)
     assert [s.attempt for s in summaries] == [0]
     assert summaries[0].latest_checkpoint == "c1" and summaries[0].started_at == 10.0
