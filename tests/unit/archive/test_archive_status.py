@@ -110,3 +110,49 @@ def test_user_events_annotate_root_attempts_and_never_create_one() -> None:
     summaries = summarized(events)
     assert [s.attempt for s in summaries] == [0]
     assert summaries[0].latest_checkpoint == "c1" and summaries[0].started_at == 10.0
+
+
+def test_a_users_malformed_events_neither_raise_nor_make_an_attempt() -> None:
+    """Each field of the wrong type takes its class's default (ev.decode): no event of
+    the user's makes summarize raise (a spare_used's "failed": 5 and an attempt of 1e999
+    once did), and only the attempt root recorded is told."""
+    user_side = {"source": "user"}
+    events = [
+        {"ts": 10, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root",
+         "context": {"nodes": ["n1"]}},
+        {"ts": "soon", "event": "checkpoint", "attempt": 0, "path": 5, "step": "x",
+         "save_s": "slow", **user_side},
+        {"ts": 12, "event": "run.spare_used", "attempt": 0, "failed": 5, "replaced_by": "n9",
+         "reason": ["r"], "spares_left": "many", **user_side},
+        {"ts": 13, "event": "run.started", "attempt": 0, "spare_nodes": "lots", **user_side},
+        {"ts": 14, "event": "hang", "attempt": 0, "idle_s": {"s": 1}, **user_side},
+        {"ts": 15, "event": "walltime.signal", "attempt": 0, "signal": 15, **user_side},
+        {"ts": 16, "event": "checkpoint", "attempt": 1e999, "step": 9, **user_side},
+        {"ts": 17, "event": "checkpoint", "attempt": "0", "step": 9, **user_side},
+        {"ts": 18, "event": "checkpoint", "attempt": 7, "step": 70, **user_side},
+        {"ts": 19, "event": "attempt.end", "attempt": 7, "kind": "success", **user_side},
+        {"ts": 20, "event": "prolog.context", "attempt": 8, "context": "n1", **user_side},
+    ]
+    [only] = summarized(events)
+    assert (only.attempt, only.status, only.nodes, only.started_at) == (0, RUNNING, ["n1"], 10)
+    assert only.checkpoints == 1
+    assert only.checkpoint_list == [{"path": None, "step": None, "ts": None}]
+    assert (only.spares_held, only.spares_used) == (0, 0)
+    assert only.incidents == ["moved onto spare : ; 0 spare left",
+                              "hang: no progress for 0.0 s",
+                              "walltime: sent a signal before the time limit"]
+    assert render("42", [only], now=100).startswith("job 42: 1 attempt, attempt 0 running")
+    # summarize itself, given each line decoded on its own, still tells attempt 0 alone
+    assert [s.attempt for s in summarize(ev.decode(e) for e in events)] == [0]
+
+
+def test_a_line_that_names_no_attempt_annotates_none() -> None:
+    attempts = summarized([
+        {"ts": 10, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
+        {"ts": 11, "event": "prolog.context", "node": "n2", "source": "root",
+         "context": {"attempt": 1, "nodes": ["n2"]}},  # the context's attempt counts
+        {"ts": 12, "event": "checkpoint", "path": "/c/1", "step": 1, "source": "user"},
+        {"ts": 13, "event": "hang", "attempt": None, "idle_s": 5, "source": "user"},
+    ])
+    assert [(a.attempt, a.nodes, a.checkpoints, a.incidents) for a in attempts] == [
+        (0, ["n1"], 0, []), (1, ["n2"], 0, [])]
