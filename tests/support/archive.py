@@ -10,8 +10,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+from click.testing import CliRunner
+
 from tests import support
+from wrapper.archive import archive_attempt
+from wrapper.archive.index import SqliteIndex
 from wrapper.archive.status import AttemptSummary, summarize
+from wrapper.cli import cli
 from wrapper.config import Config, parse
 from wrapper.job import events as ev
 from wrapper.job.record import JobRecord
@@ -35,6 +41,16 @@ def config(base: Path, **archive: Any) -> Config:
             rendered = "[" + ", ".join(f'"{v}"' for v in value) + "]"
         lines.append(f"{key} = {rendered}")
     return parse("\n".join(lines).encode(), str(base / "config.toml"))
+
+
+def config_file(base: Path, archive: str = "") -> str:
+    """A config file for the CLI, ``base/config.toml``: state and archive under ``base``,
+    no log file, ``archive`` the lines of its ``[archive]`` table; everyone may read it."""
+    path = base / "config.toml"
+    path.write_text(f'[paths]\nstate_dir = "{base}/state"\narchive_root = "{base}/archive"\n'
+                    f'[log]\nfile = ""\n[archive]\n{archive}')
+    os.chmod(path, 0o644)
+    return str(path)
 
 
 def work_dir(base: Path, user: UserIds) -> Path:
@@ -90,3 +106,27 @@ def summarized(records: list[dict[str, Any]]) -> list[AttemptSummary]:
     """The attempts told from event records, decoded as the store and the manifest decode
     them (``ev.decode_attempts``)."""
     return summarize(ev.decode_attempts(records))
+
+
+def jobwrap(config_path: str, *args: str) -> tuple[int, str]:
+    """``jobwrap --config CONFIG_PATH ARGS...`` in-process: its exit code and output."""
+    result = CliRunner().invoke(cli, ["--config", config_path, *args])
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def archived(shared: Path, user: UserIds) -> str:
+    """A config path, and job 42 (two attempts) archived under it."""
+    cfg_path = config_file(shared, "max_age_days = 0.5\n")
+    cfg = config(shared, max_age_days=0.5)
+    user_file(work_dir(shared, user) / "job-42.out", user, "hello from the job\n")
+    job = state(shared, user)
+    rec = record(shared, user, nodes=["n1"])
+    run_attempt(job, 0, ["n1"], kind="hang", decision="requeue", checkpoints=(5,))
+    archive_attempt(cfg, job, rec, attempt=0, node="n1", script_text="#!/bin/sh\n",
+                    extra={"slurm": {"JobName": "train"}})
+    run_attempt(job, 1, ["n1"], checkpoints=(9,))
+    archive_attempt(cfg, job, rec, attempt=1, node="n1", script_text="#!/bin/sh\n",
+                    extra={"slurm": {"JobName": "train"}})
+    SqliteIndex(f"{shared}/archive").rebuild()  # as an installed cluster has it
+    return cfg_path

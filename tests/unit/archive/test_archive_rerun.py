@@ -9,17 +9,7 @@ import shlex
 import time
 from pathlib import Path
 
-from tests.support.archive import (
-    config,
-    record,
-    run_attempt,
-    shared,
-    state,
-    user,
-    user_file,
-    work_dir,
-)
-from tests.unit.archive.test_archive_cli import archived, jobwrap
+from tests.support.archive import jobwrap, record, run_attempt, user_file
 from wrapper import slurm
 from wrapper.archive import archive_attempt, jobenv, rerun
 from wrapper.config import Config, GpuConfig, PathsConfig, SlurmConfig
@@ -29,8 +19,6 @@ from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
 from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
-
-__all__ = ["archived", "shared", "user"]  # fixtures, used by name
 
 HEALTHY = Path(__file__).resolve().parents[2] / "fixtures" / "gpu" / "healthy-4.toml"
 
@@ -203,11 +191,10 @@ def test_the_rerun_command_replays_slurms_options_seeds_and_resume_point() -> No
 
 
 def test_the_archived_manifest_has_every_section_and_show_rerun_prints_it(
-        shared: Path, user: UserIds) -> None:
-    cfg = config(shared)
+        shared: Path, user: UserIds, cfg: Config, job: JobState, work: Path,
+        config_path: str) -> None:
     prefix = _venv(shared, user)
-    user_file(work_dir(shared, user) / "job-42.out", user, "hi\n")
-    job = state(shared, user)
+    user_file(work / "job-42.out", user, "hi\n")
     rec = record(shared, user, nodes=["n1"])
     run_attempt(job, 0, ["n1"], kind="hang", decision="requeue", checkpoints=(5,))
     job.append("health", node="n1", attempt=1, phase="prolog", verdict="pass", failures=[],
@@ -234,14 +221,11 @@ def test_the_archived_manifest_has_every_section_and_show_rerun_prints_it(
     command = manifest["rerun"]["command"]
     assert command.startswith(f"gzip -dc {archive}/attempt-1/n1/batch-script.sh.gz | sbatch ")
     assert "JOBWRAP_RESUME_FROM=/ckpt/step-5" in command and "SEED=11" in command
-    cfg_path = shared / "config.toml"
-    cfg_path.write_text(f'[paths]\nstate_dir = "{shared}/state"\n'
-                        f'archive_root = "{shared}/archive"\n[log]\nfile = ""\n')
-    code, out = jobwrap(str(cfg_path), "archive", "show", "42", "--rerun")
+    code, out = jobwrap(config_path, "archive", "show", "42", "--rerun")
     assert (code, out) == (0, command + "\n")
-    code, out = jobwrap(str(cfg_path), "archive", "show", "42")
+    code, out = jobwrap(config_path, "archive", "show", "42")
     assert "software n1: driver 550.54.15" in out and f"rerun {command}" in out
-    code, out = jobwrap(str(cfg_path), "archive", "show", "42", "--rerun", "--attempt", "7")
+    code, out = jobwrap(config_path, "archive", "show", "42", "--rerun", "--attempt", "7")
     assert code == 2 and "no attempt 7" in out
 
 

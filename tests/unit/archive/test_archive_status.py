@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-from pathlib import Path
-
-from tests.support.archive import run_attempt, shared, state, summarized, user
+from tests.support.archive import run_attempt, summarized
 from wrapper.archive.status import (
     ENDED,
     ENDING,
@@ -16,17 +14,13 @@ from wrapper.archive.status import (
 from wrapper.job import events as ev
 from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
-from wrapper.osl.users import UserIds
-
-__all__ = ["shared", "user"]  # fixtures, used by name
 
 
 def timeline_of(job: JobState) -> list[AttemptSummary]:
     return timeline(JobStore(job))
 
 
-def test_a_finished_job_tells_both_attempts_in_order(shared: Path, user: UserIds) -> None:
-    job = state(shared, user)
+def test_a_finished_job_tells_both_attempts_in_order(job: JobState) -> None:
     run_attempt(job, 0, ["n1", "n2"], kind="hardware", decision="requeue", checkpoints=(100,
                                                                                         200))
     job.append("gpu.fault", as_user=True, attempt=0, hook="supervisor", reason="xid 79 gpu1")
@@ -48,8 +42,7 @@ def test_a_finished_job_tells_both_attempts_in_order(shared: Path, user: UserIds
     assert "finished: success (done)" in text.splitlines()[0]
 
 
-def test_a_running_attempt_shows_running(shared: Path, user: UserIds) -> None:
-    job = state(shared, user)
+def test_a_running_attempt_shows_running(job: JobState) -> None:
     run_attempt(job, 0, ["n1"], kind="walltime", decision="requeue")
     job.append("prolog.context", node="n1", attempt=1, context={"nodes": ["n1"]})
     job.append("checkpoint", as_user=True, attempt=1, hook="supervisor", path="/c/9", step=9)
@@ -63,8 +56,7 @@ def test_a_running_attempt_shows_running(shared: Path, user: UserIds) -> None:
     assert timeline_of(job)[1].status == ENDING
 
 
-def test_the_users_events_cannot_forge_a_verdict(shared: Path, user: UserIds) -> None:
-    job = state(shared, user)
+def test_the_users_events_cannot_forge_a_verdict(job: JobState) -> None:
     job.append("prolog.context", node="n1", attempt=0, context={"nodes": ["n1"]})
     job.append("attempt.end", as_user=True, attempt=0, kind="success", decision="done")
     (attempt,) = timeline_of(job)

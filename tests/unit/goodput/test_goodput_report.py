@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.archive import shared, user
-from tests.unit.archive.test_archive_cli import archived, jobwrap
+from tests.support.archive import archived, jobwrap, shared, user
 from wrapper.goodput.accounting import Attempt, Checkpoint, account
 from wrapper.goodput.report import FLAKY_SCORE, JobLedger, build, render
 
