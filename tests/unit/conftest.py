@@ -11,6 +11,8 @@ import pytest
 
 from tests.support import archive as archive_builders
 from tests.support.staging import HOSTILE
+from wrapper.archive import archive_attempt
+from wrapper.archive.index import SqliteIndex
 from wrapper.config import Config
 from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
@@ -67,3 +69,23 @@ def user_state(shared: Path, user: UserIds) -> Callable[..., JobState]:
     """``user_state(job_id="42")``: the job's state folder under ``shared``/state, prepared
     for the test user."""
     return functools.partial(archive_builders.state, shared, user)
+
+
+@pytest.fixture
+def archived(shared: Path, user: UserIds) -> str:
+    """A config path, and job 42 (two attempts) archived under it."""
+    cfg_path = archive_builders.config_file(shared, "max_age_days = 0.5\n")
+    cfg = archive_builders.config(shared, max_age_days=0.5)
+    work = archive_builders.work_dir(shared, user)
+    archive_builders.user_file(work / "job-42.out", user, "hello from the job\n")
+    job = archive_builders.state(shared, user)
+    rec = archive_builders.record(shared, user, nodes=["n1"])
+    archive_builders.run_attempt(job, 0, ["n1"], kind="hang", decision="requeue",
+                                 checkpoints=(5,))
+    archive_attempt(cfg, job, rec, attempt=0, node="n1", script_text="#!/bin/sh\n",
+                    extra={"slurm": {"JobName": "train"}})
+    archive_builders.run_attempt(job, 1, ["n1"], checkpoints=(9,))
+    archive_attempt(cfg, job, rec, attempt=1, node="n1", script_text="#!/bin/sh\n",
+                    extra={"slurm": {"JobName": "train"}})
+    SqliteIndex(f"{shared}/archive").rebuild()  # as an installed cluster has it
+    return cfg_path

@@ -108,7 +108,8 @@ def _archive(cfg: Config, state: JobState, record: JobRecord, *, attempt: int, n
     settings = cfg.archive
     user = UserIds.of(record.uid, record.gid) if record.uid >= 0 else None
     access, root_mode, root_gid = access_for(settings, record.uid, record.gid)
-    events = state.events()
+    records = state.events()  # the lines as written: each part keeps its attempt's copy
+    events = ev.decode_attempts(records)
     facts = json.loads(json.dumps(dict(extra), default=str))  # JSON-safe from here on
     limits = Limits(max_file_bytes=settings.max_file_mb * MIB,
                     compress_level=_LEVELS[settings.compression],
@@ -124,7 +125,7 @@ def _archive(cfg: Config, state: JobState, record: JobRecord, *, attempt: int, n
         for number in todo:
             sources = Sources(
                 job_id=record.job_id, attempt=number, state=state,
-                events=_of_attempt(events, number), user=user,
+                events=_of_attempt(records, number), user=user,
                 outputs=output_specs(record, facts.get("slurm") or {}, node,
                                      [*settings.outputs, *outputs]),
                 script_text=script_text, hook_log=cfg.log.file)
@@ -151,13 +152,13 @@ def _archive(cfg: Config, state: JobState, record: JobRecord, *, attempt: int, n
                 result.recovered.append(number)
         digest, source = cfg.digest(), cfg.source
         result.path = writer.commit(lambda parts: manifest.build(
-            record=record, parts=parts, events=events, config_digest=digest,
+            record=record, parts=parts, events=records, config_digest=digest,
             config_source=source, now=time.time(),
             archive_dir=str(Path(cfg.paths.archive_root) / user_name / record.job_id)))
     return result
 
 
-def _packages(user: UserIds, events: list[dict[str, Any]], attempt: int,
+def _packages(user: UserIds, events: list[ev.Event], attempt: int,
               timeout: float) -> dict[str, Any] | None:
     """The package set of the Python the job's environment claims (``jobenv``), read as
     the job's user without running it; None when the task-prolog recorded nothing."""
@@ -217,19 +218,19 @@ def output_specs(record: JobRecord, slurm: Mapping[str, Any], node: str,
     return tuple(specs)
 
 
-def _earlier_attempts(events: list[dict[str, Any]], node: str, attempt: int) -> list[int]:
+def _earlier_attempts(events: list[ev.Event], node: str, attempt: int) -> list[int]:
     """Earlier attempts whose hooks ran on this node (root's records only)."""
-    found = {int(e["attempt"]) for e in events
-             if e.get("source") == "root" and e.get("node") == node
-             and e.get("event") in (ev.PrologContext.KIND, ev.EpilogContext.KIND)
-             and isinstance(e.get("attempt"), int) and e["attempt"] < attempt}
+    found = {e.attempt for e in events
+             if e.from_root and e.node == node
+             and isinstance(e, (ev.PrologContext, ev.EpilogContext)) and e.attempt < attempt}
     return sorted(found)
 
 
-def _of_attempt(events: list[dict[str, Any]], attempt: int) -> list[dict[str, Any]]:
-    """The attempt's events: every one of root's, and the user's last ones up to the
-    bound (a user who writes thousands of small events cannot push root's out)."""
-    mine = [e for e in events if e.get("attempt") == attempt]
+def _of_attempt(records: list[dict[str, Any]], attempt: int) -> list[dict[str, Any]]:
+    """The attempt's event records, as written (the part's copy, decoded when the manifest
+    reads it): every one of root's, and the user's last ones up to the bound (a user who
+    writes thousands of small events cannot push root's out)."""
+    mine = [e for e in records if ev.attempt_of(e) == attempt]
     roots = [e for e in mine if e.get("source") == "root"]
     users = [e for e in mine if e.get("source") != "root"]
     roots = roots[-MAX_PART_EVENTS:]

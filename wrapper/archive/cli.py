@@ -17,7 +17,6 @@ import json
 import os
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -27,7 +26,7 @@ from wrapper.archive import status as status_mod
 from wrapper.archive import store
 from wrapper.config import Config
 from wrapper.errors import FormatTooNew, JobwrapError, UserInputError
-from wrapper.job.state import JobState
+from wrapper.job.store import JobStore
 
 if TYPE_CHECKING:
     from wrapper.archive.index import Index
@@ -142,7 +141,8 @@ def prune(dry_run: bool, as_json: bool) -> None:
 def status(job_id: str, as_json: bool) -> None:
     """The timeline of a job's attempts: nodes, health, checkpoints, failures, decisions."""
     cfg = current_config()
-    attempts = status_mod.timeline(JobState(Path(cfg.paths.state_dir), job_id))
+    job = JobStore.of(cfg, job_id)
+    attempts = status_mod.timeline(job)
     source = "state"
     manifest: dict[str, Any] = {}
     index: Index | None = None
@@ -163,7 +163,7 @@ def status(job_id: str, as_json: bool) -> None:
 
     now = time.time()
     ledger = accounting.account(accounting.from_summaries(attempts), now=now)
-    uid = JobState(Path(cfg.paths.state_dir), job_id).job_uid() if source == "state" else \
+    uid = job.state.job_uid() if source == "state" else \
         _int((manifest.get("job") or {}).get("uid"))
     if source == "state":
         index = open_index(cfg)  # the cluster's MTBF for the advice

@@ -66,6 +66,7 @@ from wrapper import __version__
 from wrapper.archive import gitfacts, rerun
 from wrapper.archive.status import ENDED, RUNNING, AttemptSummary, event_order, summarize
 from wrapper.errors import JobwrapError
+from wrapper.job import events as ev
 from wrapper.job.record import JobRecord
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
@@ -75,11 +76,12 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 
 
-def build(*, record: JobRecord, parts: list[dict[str, Any]], events: Iterable[dict[str, Any]],
-          config_digest: str, config_source: str, now: float,
-          archive_dir: str = "") -> dict[str, Any]:
-    """The manifest of a job from its record, events and the archive's parts;
-    ``archive_dir`` (the job's archive folder) makes the rerun command name its script."""
+def build(*, record: JobRecord, parts: list[dict[str, Any]],
+          events: Iterable[Mapping[str, Any]], config_digest: str, config_source: str,
+          now: float, archive_dir: str = "") -> dict[str, Any]:
+    """The manifest of a job from its record, event records (this node's, and those the
+    parts archived: decoded here, once merged) and the archive's parts; ``archive_dir``
+    (the job's archive folder) makes the rerun command name its script."""
     parts = sorted(parts, key=lambda p: (int(p.get("attempt", 0)), str(p.get("node", ""))))
     merged = merge_events([*events, *(e for p in parts for e in p.get("events") or [])])
     summaries = summarize(merged)
@@ -141,7 +143,7 @@ def build(*, record: JobRecord, parts: list[dict[str, Any]], events: Iterable[di
     }
 
 
-def _reproduction(entry: dict[str, Any], events: list[dict[str, Any]], slurm: dict[str, Any],
+def _reproduction(entry: dict[str, Any], events: list[ev.Event], slurm: dict[str, Any],
                   record: JobRecord, archive_dir: str) -> None:
     """An attempt's environment (the user's claims), staged data and rerun command."""
     number = int(entry["attempt"])
@@ -160,22 +162,23 @@ def _reproduction(entry: dict[str, Any], events: list[dict[str, Any]], slurm: di
         resume_from=rerun.resume_point(events, number), attempt=number)
 
 
-def merge_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Events from several nodes' views, each once, in time order."""
-    seen: dict[str, dict[str, Any]] = {}
-    for event in events:
-        key = json.dumps([event.get("ts"), event.get("event"), event.get("node"),
-                          event.get("attempt"), event.get("source")], default=str)
-        seen.setdefault(key, event)
-    return sorted(seen.values(), key=event_order)  # a made-up ts of the user's never raises
+def merge_events(records: Iterable[Mapping[str, Any]]) -> list[ev.Event]:
+    """Event records from several nodes' views, each once, decoded (``ev.decode_attempts``:
+    a record that names no attempt is left out) in time order."""
+    seen: dict[str, Mapping[str, Any]] = {}
+    for record in records:
+        key = json.dumps([record.get("ts"), record.get("event"), record.get("node"),
+                          record.get("attempt"), record.get("source")], default=str)
+        seen.setdefault(key, record)
+    # a made-up ts of the user's never raises
+    return sorted(ev.decode_attempts(seen.values()), key=event_order)
 
 
-def _partition(events: list[dict[str, Any]]) -> str | None:
+def _partition(events: list[ev.Event]) -> str | None:
     for event in events:
-        context = event.get("context")
-        if event.get("source", "root") == "root" and isinstance(context, dict) \
-                and context.get("partition"):
-            return str(context["partition"])
+        if event.from_root and isinstance(event, (ev.PrologContext, ev.EpilogContext)) \
+                and event.context.get("partition"):
+            return str(event.context["partition"])
     return None
 
 

@@ -32,25 +32,23 @@ _FABRIC = re.compile(r"(?:^Fabric Manager |, version )(\d+(?:\.\d+)+)")
 _COMMAND = re.compile(r"^(\S+) (\d+(?:\.\d+)+)")
 
 
-def software(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def software(events: Iterable[ev.Event]) -> dict[str, dict[str, Any]]:
     """``{node: stack}`` from root's latest ``health`` record on each node that carries
     the version checks' rows: ``{driver, cuda, nccl, nccl_path, fabric_manager, commands,
     checks: {check: status}, phase, attempt, measured_at}`` (a value not read is null)."""
     out: dict[str, dict[str, Any]] = {}
     for event in events:
-        rows = event.get("versions")
-        if event.get("source", "root") != "root" or event.get("event") != ev.Health.KIND \
-                or not isinstance(rows, list) or not rows:
+        if not event.from_root or not isinstance(event, ev.Health) or not event.versions:
             continue
         stack: dict[str, Any] = {"driver": None, "cuda": None, "nccl": None,
                                  "nccl_path": None, "fabric_manager": None, "commands": {},
-                                 "checks": {}, "phase": event.get("phase"),
-                                 "attempt": event.get("attempt"), "measured_at": event.get("ts")}
-        for row in rows:
+                                 "checks": {}, "phase": event.phase,
+                                 "attempt": event.attempt, "measured_at": event.ts}
+        for row in event.versions:
             if isinstance(row, Mapping):
                 _read_row(stack, str(row.get("check", "")), str(row.get("status", "")),
                           str(row.get("reason", "")))
-        out[str(event.get("node", ""))] = stack
+        out[event.node] = stack
     return out
 
 
@@ -69,42 +67,39 @@ def _read_row(stack: dict[str, Any], check: str, status: str, reason: str) -> No
         stack["commands"][m.group(1)] = m.group(2)
 
 
-def environment(events: Iterable[Mapping[str, Any]], attempt: int) -> dict[str, Any] | None:
+def environment(events: Iterable[ev.Event], attempt: int) -> dict[str, Any] | None:
     """The latest ``environment`` the task-prolog recorded in ``attempt`` (a later step
     sees what the batch script loaded or activated before it), labelled as the user's."""
     found = None
     for event in events:
-        if event.get("event") == ev.TaskPrologContext.KIND and event.get("attempt") == attempt \
-                and isinstance(event.get("environment"), dict):
+        if isinstance(event, ev.TaskPrologContext) and event.attempt == attempt \
+                and isinstance(event.extra.get("environment"), dict):
             found = event
     if found is None:
         return None
     from wrapper.archive.jobenv import sanitize
 
-    step = found.get("step")
-    ts = found.get("ts")
-    return {"source": "user", "recorded_by": "task-prolog",
-            "node": str(found.get("node") or "")[:256],
-            "step": step[:64] if isinstance(step, str) else None,
-            "recorded_at": ts if isinstance(ts, (int, float)) else None,
-            **sanitize(found["environment"])}
+    return {"source": "user", "recorded_by": "task-prolog", "node": found.node[:256],
+            "step": found.step[:64], "recorded_at": found.ts or None,
+            **sanitize(found.extra["environment"])}
 
 
-def data(events: Iterable[Mapping[str, Any]], attempt: int) -> list[dict[str, Any]]:
+def data(events: Iterable[ev.Event], attempt: int) -> list[dict[str, Any]]:
     """The trees staged in for ``attempt`` (root's ``staging.in`` records), each once."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for event in events:
-        if event.get("source", "root") != "root" or event.get("event") != ev.StagingIn.KIND \
-                or event.get("attempt") != attempt:
+        if not event.from_root or not isinstance(event, ev.StagingIn) \
+                or event.attempt != attempt:
             continue
-        for item in event.get("items") or []:
+        items = event.extra.get("items")  # the staging report's, in extra
+        for item in items if isinstance(items, list) else []:
             if not isinstance(item, Mapping):
                 continue
             digest, kind = tree_digest(item)
             entry = {"directive": item.get("directive"), "source": item.get("source"),
                      "dest": item.get("dest"), "files": item.get("files"),
                      "bytes": item.get("bytes"), "digest": digest, "digest_kind": kind,
-                     "node": event.get("node")}
+                     "node": event.node}
             key = (str(item.get("directive")), str(digest))
             if key not in out or (out[key]["digest"] is None and digest):
                 out[key] = entry
@@ -126,20 +121,19 @@ def tree_digest(item: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def resume_point(events: Iterable[Mapping[str, Any]], attempt: int) -> str | None:
+def resume_point(events: Iterable[ev.Event], attempt: int) -> str | None:
     """The checkpoint ``attempt`` resumed from: root's pick for it (``resume.chosen``), or,
     for a job recorded before root picked, the one root's epilog found at the end of the
     attempt before it (``attempt.end``'s ``checkpoint_path``)."""
     chosen = ended = None
     for event in events:
-        if event.get("source", "root") != "root":
+        if not event.from_root:
             continue
-        if event.get("event") == ev.ResumeChosen.KIND and event.get("attempt") == attempt \
-                and event.get("path"):
-            chosen = str(event["path"])
-        elif event.get("event") == ev.AttemptEnd.KIND and \
-                event.get("attempt") == attempt - 1 and event.get("checkpoint_path"):
-            ended = str(event["checkpoint_path"])
+        if isinstance(event, ev.ResumeChosen) and event.attempt == attempt and event.path:
+            chosen = event.path
+        elif isinstance(event, ev.AttemptEnd) and event.attempt == attempt - 1 \
+                and event.checkpoint_path:
+            ended = event.checkpoint_path
     return chosen or ended
 
 

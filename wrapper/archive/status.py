@@ -1,14 +1,16 @@
 """The story of a job's attempts, told from its events: ``jobwrap status JOBID``.
 
-``summarize(events)`` turns the job's event records into one ``AttemptSummary`` per
-attempt, in order: its nodes, when it started and ended (or that it still runs), the
-nodes' health verdicts, the checkpoints the supervisor saw (count, latest step), what
-went wrong (a hang, a GPU fault, the walltime signal), how the epilog classified its
-end and what it decided (requeue, stop, done). The manifest's attempts are built from
-the same summaries, so the status of a running job and the archive of a finished one
-tell the same story. Events that decide the story (``attempt.end``, the hooks'
-contexts, health checks) count only when root wrote them; the user's own events
-(the supervisor runs as the job user) only add checkpoints and incidents.
+``summarize(events)`` turns the job's typed events (``wrapper.job.events``, as
+``JobStore.attempt_events`` or the manifest's merge decodes them) into one
+``AttemptSummary`` per attempt, in order: its nodes, when it started and ended (or that
+it still runs), the nodes' health verdicts, the checkpoints the supervisor saw (count,
+latest step), what went wrong (a hang, a GPU fault, the walltime signal), how the
+epilog classified its end and what it decided (requeue, stop, done). The manifest's
+attempts are built from the same summaries, so the status of a running job and the
+archive of a finished one tell the same story. Events that decide the story
+(``attempt.end``, the hooks' contexts, health checks) count only when root wrote them;
+the user's own events (the supervisor runs as the job user) only add checkpoints and
+incidents.
 
 Health verdicts come from the hooks' ``health`` events (phase, verdict, failures,
 warnings; ``wrapper.hooks.health``) and ``health.unavailable`` (the checks could not run).
@@ -21,22 +23,23 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wrapper.job import events as ev
-from wrapper.job.state import JobState
 from wrapper.lean import dataclass
+
+if TYPE_CHECKING:
+    from wrapper.job.store import JobStore
 
 RUNNING = "running"  # no sign of its end yet
 ENDING = "ending"    # an epilog has started, the verdict is not written yet
 ENDED = "ended"
 
-_INCIDENTS = {ev.Hang.KIND, ev.GpuFault.KIND, ev.WalltimeSignal.KIND,
-              ev.DirectivesInvalid.KIND, ev.PrologUnhealthy.KIND, ev.CheckpointSuspect.KIND,
-              ev.ResumeChosen.KIND, ev.HangForensics.KIND}
+_INCIDENTS = (ev.Hang, ev.GpuFault, ev.WalltimeSignal, ev.DirectivesInvalid,
+              ev.PrologUnhealthy, ev.CheckpointSuspect, ev.ResumeChosen, ev.HangForensics)
 # what only root's hooks record
-_ROOT_ONLY = {ev.DirectivesInvalid.KIND, ev.PrologUnhealthy.KIND, ev.CheckpointSuspect.KIND,
-              ev.ResumeChosen.KIND, ev.HangForensics.KIND}
+_ROOT_ONLY = (ev.DirectivesInvalid, ev.PrologUnhealthy, ev.CheckpointSuspect,
+              ev.ResumeChosen, ev.HangForensics)
 
 
 @dataclass
@@ -72,33 +75,32 @@ class AttemptSummary:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def timeline(state: JobState) -> list[AttemptSummary]:
-    """The attempts of the job whose state this is, in order."""
-    return summarize(state.events())
+def timeline(store: JobStore) -> list[AttemptSummary]:
+    """The attempts of the job whose store this is, in order."""
+    return summarize(store.attempt_events())
 
 
-def summarize(events: Iterable[dict[str, Any]]) -> list[AttemptSummary]:
+def summarize(events: Iterable[ev.Event]) -> list[AttemptSummary]:
     """One summary per attempt root recorded in ``events`` (any order; sorted by time
-    here). Attempt numbers come from root's events alone: the user's events annotate an
+    here), decoded by ``ev.decode_attempts`` (a line that names no attempt belongs to
+    none). Attempt numbers come from root's events alone: the user's events annotate an
     attempt root knows (checkpoints, incidents) and never create one, so a user's file
     cannot fill the ledger, the AdminComment or the report with attempts."""
     ordered_events = sorted(events, key=event_order)
-    known = {n for n in (_attempt_of(e) for e in ordered_events
-                         if e.get("source", "root") == "root") if n is not None}
+    known = {e.attempt for e in ordered_events if e.from_root}
     attempts: dict[int, AttemptSummary] = {}
     prolog_starts: dict[int, float] = {}
-    resumed: dict[int, dict[str, Any]] = {}  # root's resume.chosen, by the attempt it starts
+    resumed: dict[int, ev.ResumeChosen] = {}  # root's pick, by the attempt it starts
     for event in ordered_events:
-        number = _attempt_of(event)
-        if number is None or number not in known:
+        number = event.attempt
+        if number not in known:
             continue
         summary = attempts.setdefault(number, AttemptSummary(number))
         _apply(summary, event)
-        ts = _finite(event.get("ts"))
-        by_root = event.get("source", "root") == "root"
-        if event.get("event") == ev.PrologContext.KIND and by_root and ts is not None:
+        ts = _when(event)
+        if isinstance(event, ev.PrologContext) and event.from_root and ts is not None:
             prolog_starts[number] = min(ts, prolog_starts.get(number, ts))
-        if event.get("event") == ev.ResumeChosen.KIND and by_root:
+        if isinstance(event, ev.ResumeChosen) and event.from_root:
             resumed[number] = event
     for number, started in prolog_starts.items():
         attempts[number].started_at = started  # root's record, never a user's earlier claim
@@ -112,13 +114,12 @@ def summarize(events: Iterable[dict[str, Any]]) -> list[AttemptSummary]:
     return ordered
 
 
-def _add_resumed_from(summary: AttemptSummary, chosen: dict[str, Any]) -> None:
+def _add_resumed_from(summary: AttemptSummary, chosen: ev.ResumeChosen) -> None:
     """The checkpoint root found for the next attempt, written during this one, joins this
     attempt's checkpoints when the supervisor's events do not have it (the supervisor was
     killed, or the job wrote it after its last look): the ledger's kept work then ends at
     it, not at the last checkpoint a user-side process happened to report."""
-    mtime, path, step = _finite(chosen.get("mtime")), _str(chosen.get("path")), \
-        _int(chosen.get("step"))
+    mtime, path, step = _time(chosen.mtime), chosen.path, chosen.step
     start = summary.started_at
     if mtime is None or not path or start is None or mtime < start or (
             summary.ended_at is not None and mtime > summary.ended_at):
@@ -130,108 +131,98 @@ def _add_resumed_from(summary: AttemptSummary, chosen: dict[str, Any]) -> None:
     summary.latest_checkpoint, summary.latest_step = path, step
 
 
-def event_order(event: dict[str, Any]) -> float:
+def event_order(event: ev.Event) -> float:
     """An event's time for sorting: a ``ts`` the user's file made up ("soon", NaN,
     1e999) sorts first instead of raising (the archive is built from this)."""
-    ts = _finite(event.get("ts"))
+    ts = _when(event)
     return 0.0 if ts is None else ts
 
 
-def _finite(value: Any) -> float | None:
-    ts = _float(value)
-    return ts if ts is not None and math.isfinite(ts) else None
+def _when(event: ev.Event) -> float | None:
+    return _time(event.ts)
 
 
-def _attempt_of(event: dict[str, Any]) -> int | None:
-    value = event.get("attempt")
-    if value is None and isinstance(event.get("context"), dict):
-        value = event["context"].get("attempt")
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
+def _time(value: float) -> float | None:
+    """A decoded time, or None for none: decode's 0.0 (absent, or not a number) and a
+    made-up NaN or 1e999."""
+    return value if value and math.isfinite(value) else None
 
 
-def _apply(summary: AttemptSummary, event: dict[str, Any]) -> None:
-    name = str(event.get("event", ""))
-    by_root = event.get("source", "root") == "root"
-    ts = _finite(event.get("ts"))
-    node = str(event.get("node") or "")
-    if by_root and name in (ev.PrologContext.KIND, ev.EpilogContext.KIND):
-        raw = event.get("context")
-        context: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        for member in [*(context.get("nodes") or []), node]:
+def _apply(summary: AttemptSummary, event: ev.Event) -> None:
+    by_root = event.from_root
+    ts = _when(event)
+    if by_root and isinstance(event, (ev.PrologContext, ev.EpilogContext)):
+        for member in [*(event.context.get("nodes") or []), event.node]:
             if member and member not in summary.nodes:
                 summary.nodes.append(str(member))
-        if name == ev.PrologContext.KIND:
+        if isinstance(event, ev.PrologContext):
             if summary.started_at is None or (ts is not None and ts < summary.started_at):
                 summary.started_at = ts
         elif summary.status == RUNNING:
             summary.status = ENDING
-    elif by_root and name == ev.AttemptEnd.KIND:
+    elif by_root and isinstance(event, ev.AttemptEnd):
         summary.status, summary.ended_at = ENDED, ts
-        summary.outcome, summary.detail = _str(event.get("kind")), _str(event.get("detail"))
-        summary.exit_code, summary.exit_signal = _int(event.get("exit_code")), \
-            _int(event.get("exit_signal"))
-        summary.slurm_state = _str(event.get("slurm_state"))
-        summary.decision, summary.reason = _str(event.get("decision")), \
-            _str(event.get("reason"))
-        summary.excluded = [str(n) for n in event.get("exclude") or []]
-        step = _int(event.get("checkpoint_step"))
-        if event.get("checkpoint_path") and summary.latest_checkpoint is None:
-            summary.latest_checkpoint, summary.latest_step = str(event["checkpoint_path"]), step
-    elif by_root and name == ev.Health.KIND:
-        said = event.get("failures") or event.get("warnings") or []
-        summary.health.append({"node": node, "phase": str(event.get("phase") or ""),
-                               "verdict": str(event.get("verdict") or "?"),
+        summary.outcome, summary.detail = event.kind, event.detail
+        summary.exit_code, summary.exit_signal = event.exit_code, event.exit_signal
+        summary.slurm_state = event.slurm_state
+        summary.decision, summary.reason = event.decision, event.reason
+        summary.excluded = [str(n) for n in event.exclude]
+        if event.checkpoint_path and summary.latest_checkpoint is None:
+            summary.latest_checkpoint = event.checkpoint_path
+            summary.latest_step = event.checkpoint_step
+    elif by_root and isinstance(event, ev.Health):
+        said = event.failures or event.warnings
+        summary.health.append({"node": event.node, "phase": event.phase,
+                               "verdict": event.verdict or "?",
                                "detail": "; ".join(str(s) for s in said)})
-    elif by_root and name == ev.HealthUnavailable.KIND:
-        summary.health.append({"node": node, "phase": "", "verdict": "unchecked",
-                               "detail": str(event.get("error") or "")})
-    elif name == ev.Checkpoint.KIND:
-        path, step = _str(event.get("path")), _int(event.get("step"))
+    elif by_root and isinstance(event, ev.HealthUnavailable):
+        summary.health.append({"node": event.node, "phase": "", "verdict": "unchecked",
+                               "detail": event.error})
+    elif isinstance(event, ev.Checkpoint):
+        path, step = event.path or None, event.step
         summary.checkpoints += 1
         entry = {"path": path, "step": step, "ts": ts}
-        if _float(event.get("save_s")) is not None:  # how long saving it took, when measured
-            entry["save_s"] = _float(event.get("save_s"))
+        if event.save_s is not None:  # how long saving it took, when measured
+            entry["save_s"] = event.save_s
         summary.checkpoint_list.append(entry)
         summary.latest_checkpoint, summary.latest_step = path, step
-    elif name == ev.ResumeChosen.KIND and not event.get("passed_over"):
+    elif isinstance(event, ev.ResumeChosen) and not event.passed_over:
         pass  # an ordinary resume: the banner in the job's output says it
-    elif name == ev.RunStarted.KIND:
-        summary.spares_held = max(summary.spares_held, _int(event.get("spare_nodes")) or 0)
-    elif name == ev.SpareUsed.KIND:
-        summary.spares_used += len(event.get("failed") or [])
+    elif isinstance(event, ev.RunStarted):
+        summary.spares_held = max(summary.spares_held, event.spare_nodes)
+    elif isinstance(event, ev.SpareUsed):
+        summary.spares_used += len(event.failed)
         summary.incidents.append(
-            f"moved onto spare {','.join(str(n) for n in event.get('replaced_by') or [])}: "
-            f"{event.get('reason', '')}; {event.get('spares_left', '?')} spare left")
-    elif name in _INCIDENTS and (by_root or name not in _ROOT_ONLY):
-        summary.incidents.append(_incident(name, event))
+            f"moved onto spare {','.join(str(n) for n in event.replaced_by)}: "
+            f"{event.reason}; {event.spares_left} spare left")
+    elif isinstance(event, _INCIDENTS) and (by_root or not isinstance(event, _ROOT_ONLY)):
+        summary.incidents.append(_incident(event))
     if summary.started_at is None and ts is not None and by_root:
         summary.started_at = ts  # no prolog record (it failed, or its node's state is elsewhere)
 
 
-def _incident(name: str, event: dict[str, Any]) -> str:
-    if name == ev.Hang.KIND:
-        return f"hang: no progress for {event.get('idle_s')} s"
-    if name == ev.HangForensics.KIND:
-        odd = "; ".join(str(o) for o in event.get("odd") or [])
+def _incident(event: ev.Event) -> str:
+    if isinstance(event, ev.Hang):
+        return f"hang: no progress for {event.idle_s} s"
+    if isinstance(event, ev.HangForensics):
+        odd = "; ".join(str(o) for o in event.odd)
         return f"hang forensics: {'standing apart: ' + odd if odd else ''}" \
-               f"{' (' if odd else ''}{event.get('why', '')}{')' if odd else ''}"
-    if name == ev.GpuFault.KIND:
-        return f"GPU fault: {event.get('reason', '')}"
-    if name == ev.WalltimeSignal.KIND:
-        return f"walltime: sent {event.get('signal', 'a signal')} before the time limit"
-    if name == ev.CheckpointSuspect.KIND:
-        return f"checkpoint {event.get('path')} is suspect ({event.get('reason', '')}); " \
-               f"next attempt falls back to {event.get('fallback') or 'an older one'}"
-    if name == ev.ResumeChosen.KIND:
-        return f"resumed from {event.get('path')}, falling back past the suspect " \
-               f"{', '.join(str(p) for p in event.get('passed_over') or [])}"
-    if name == ev.PrologUnhealthy.KIND:
-        return f"{event.get('node', 'a node')} failed its prolog health check: " \
-               f"{event.get('reason', '')}"
-    return f"bad #JOBWRAP directives: {event.get('error', '')}"
+               f"{' (' if odd else ''}{event.why}{')' if odd else ''}"
+    if isinstance(event, ev.GpuFault):
+        return f"GPU fault: {event.reason}"
+    if isinstance(event, ev.WalltimeSignal):
+        return f"walltime: sent {event.signal or 'a signal'} before the time limit"
+    if isinstance(event, ev.CheckpointSuspect):
+        return f"checkpoint {event.path} is suspect ({event.reason}); " \
+               f"next attempt falls back to {event.fallback or 'an older one'}"
+    if isinstance(event, ev.ResumeChosen):
+        return f"resumed from {event.path}, falling back past the suspect " \
+               f"{', '.join(str(p) for p in event.passed_over)}"
+    if isinstance(event, ev.PrologUnhealthy):
+        return f"{event.node or 'a node'} failed its prolog health check: " \
+               f"{event.reason or ''}"
+    error = event.error if isinstance(event, ev.DirectivesInvalid) else ""
+    return f"bad #JOBWRAP directives: {error}"
 
 
 # -- rendering ---------------------------------------------------------------------------
@@ -299,20 +290,3 @@ def _duration(start: float | None, end: float | None) -> str:
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
-
-def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError, OverflowError):  # "many", NaN, 1e400 from the user's file
-        return None
-
-
-def _float(value: Any) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None

@@ -89,8 +89,9 @@ def attempt_records(state: JobState, archive_root: str = "",
     """The job's attempts (``AttemptSummary`` dicts): this node's, then the archive's."""
     from wrapper.archive.status import timeline
     from wrapper.errors import JobwrapError
+    from wrapper.job.store import JobStore
 
-    records = {s.attempt: s.as_dict() for s in timeline(state)}
+    records = {s.attempt: s.as_dict() for s in timeline(JobStore(state))}
     if archive_root:
         from wrapper.archive import store
 

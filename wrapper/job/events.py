@@ -15,7 +15,7 @@ docs/events.md is generated from this registry by tools/events-doc.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
 from typing import Any, ClassVar, TypeVar
 
@@ -93,6 +93,32 @@ def decode(record: Mapping[str, Any]) -> Event:
         values["extra"] = {k: v for k, v in record.items()
                            if k not in declared and k not in ("event", "ts", "source")}
     return cls(**values, **common)
+
+
+def attempt_of(record: Mapping[str, Any]) -> int | None:
+    """The attempt a record names, before ``decode`` defaults it: its ``attempt``, else
+    (none there) its hook context's; None when it names none, or no whole number."""
+    value = record.get("attempt")
+    if value is None:
+        context = record.get("context")
+        value = context.get("attempt") if isinstance(context, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def decode_attempts(records: Iterable[Mapping[str, Any]]) -> list[Event]:
+    """``decode`` of the records that name an attempt (``attempt_of``), each with that
+    attempt: what the story of the attempts (``wrapper.archive.status``) is told from.
+    ``decode`` alone reads a line without an attempt as attempt 0; here such a line
+    belongs to no attempt and is left out."""
+    out: list[Event] = []
+    for record in records:
+        number = attempt_of(record)
+        if number is None:
+            continue
+        event = decode(record)
+        out.append(event if event.attempt == number else
+                   dataclasses.replace(event, attempt=number))
+    return out
 
 
 def _default(spec: dataclasses.Field[Any]) -> Any:
@@ -489,10 +515,12 @@ class SupervisorEnd(_BySupervisor):
 @kind("checkpoint", writer="user")
 @dataclass(frozen=True)
 class Checkpoint(_BySupervisor):
-    """A new valid checkpoint appeared."""
+    """A new valid checkpoint appeared; ``save_s``: how long saving it took, when
+    something measured it (the goodput advice reads it)."""
     path: str = ""
     step: int | None = None
     layout: str = ""
+    save_s: float | None = None
 
 
 @kind("hang", writer="user")

@@ -58,6 +58,11 @@ class JobStore:
     def root_events(self) -> list[ev.Event]:
         return [ev.decode(record) for record in self.state.events(root_only=True)]
 
+    def attempt_events(self) -> list[ev.Event]:
+        """Every event that names its attempt, decoded (``ev.decode_attempts``): what the
+        story of the attempts (``wrapper.archive.status``) is told from."""
+        return ev.decode_attempts(self.state.events())
+
     def script(self) -> str | None:
         """The kept batch script, or None when the prolog kept none."""
         raw = self.state.read_bytes(BATCH_SCRIPT, SCRIPT_MAX)

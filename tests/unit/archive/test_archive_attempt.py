@@ -8,22 +8,14 @@ from typing import Any
 
 import pytest
 
-from tests.support.archive import (
-    config,
-    record,
-    run_attempt,
-    shared,
-    state,
-    user,
-    user_file,
-    work_dir,
-)
+from tests.support.archive import config, record, run_attempt, user_file
 from wrapper.archive import archive_attempt
 from wrapper.archive.attempt import output_specs
 from wrapper.archive.store import list_archives, load_manifest
+from wrapper.config import Config
+from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 
-__all__ = ["shared", "user"]  # fixtures, used by name
 SCRIPT = "#!/bin/bash\n#SBATCH --output=job-%j.out\nsrun python train.py\n"
 
 
@@ -33,13 +25,12 @@ def manifest(base: Path, user: UserIds, job_id: str = "42") -> dict[str, Any]:
     return data
 
 
-def test_a_requeued_two_node_job_ends_up_in_one_archive(shared: Path, user: UserIds) -> None:
+def test_a_requeued_two_node_job_ends_up_in_one_archive(shared: Path, user: UserIds,
+                                                        job: JobState, work: Path) -> None:
     cfg = config(shared, outputs=("rank-%N.log",))
-    work = work_dir(shared, user)
     out = user_file(work / "job-42.out", user, "attempt 0 output\n")
     for node in ("n1", "n2"):
         user_file(work / f"rank-{node}.log", user, f"rank log of {node}\n")
-    job = state(shared, user)
     run_attempt(job, 0, ["n1", "n2"], kind="hardware", decision="requeue", checkpoints=(10,))
     rec = record(shared, user)
     extra = {"slurm": {"JobName": "train"}, "software": {"driver": "550"}}
@@ -69,16 +60,14 @@ def test_a_requeued_two_node_job_ends_up_in_one_archive(shared: Path, user: User
     assert [i.job_id for i in list_archives(cfg.paths.archive_root)] == ["42"]
 
 
-def test_a_users_bad_output_is_recorded_never_raised(shared: Path, user: UserIds) -> None:
-    cfg = config(shared)
-    work_dir(shared, user)
+def test_a_users_bad_output_is_recorded_never_raised(shared: Path, user: UserIds,
+                                                     cfg: Config, job: JobState,
+                                                     work: Path) -> None:
     secret = shared / "secret"
     secret.write_text("root only\n")
     os.chmod(secret, 0o600)
-    rec = record(shared, user, stdout=str(shared / "work" / "job.out"),
-                 stderr=str(shared / "work" / "job.err"))
-    (shared / "work" / "job.err").symlink_to(secret)
-    job = state(shared, user)
+    rec = record(shared, user, stdout=str(work / "job.out"), stderr=str(work / "job.err"))
+    (work / "job.err").symlink_to(secret)
     run_attempt(job, 0, ["n1"], kind="user_error", decision="stop")
     result = archive_attempt(cfg, job, rec, attempt=0, node="n1", script_text=SCRIPT, extra={})
     assert result.complete  # what could be archived is; nothing failed on our side
@@ -90,12 +79,9 @@ def test_a_users_bad_output_is_recorded_never_raised(shared: Path, user: UserIds
     assert files["stderr"]["status"] == "refused"
 
 
-def test_an_epilog_killed_mid_archive_is_finished_by_the_next(shared: Path,
-                                                              user: UserIds) -> None:
-    cfg = config(shared)
-    work = work_dir(shared, user)
+def test_an_epilog_killed_mid_archive_is_finished_by_the_next(
+        shared: Path, user: UserIds, cfg: Config, job: JobState, work: Path) -> None:
     user_file(work / "job-42.out", user, "out\n")
-    job = state(shared, user)
     rec = record(shared, user, nodes=["n1"])
     run_attempt(job, 0, ["n1"], kind="hang", decision="requeue")
     pid = os.fork()
@@ -125,11 +111,10 @@ def test_an_epilog_killed_mid_archive_is_finished_by_the_next(shared: Path,
     assert leftovers == []
 
 
-def test_a_spent_budget_leaves_an_archive_marked_incomplete(shared: Path,
-                                                            user: UserIds) -> None:
+def test_a_spent_budget_leaves_an_archive_marked_incomplete(
+        shared: Path, user: UserIds, job: JobState, work: Path) -> None:
     cfg = config(shared, budget=0.001)
-    user_file(work_dir(shared, user) / "job-42.out", user, "out\n")
-    job = state(shared, user)
+    user_file(work / "job-42.out", user, "out\n")
     run_attempt(job, 0, ["n1"])
     ticks = iter([0.0, 100.0])
 
@@ -143,21 +128,22 @@ def test_a_spent_budget_leaves_an_archive_marked_incomplete(shared: Path,
     assert load_manifest(cfg.paths.archive_root, "42")["archive"]["complete"] is False
 
 
-def test_a_broken_archive_root_is_reported_not_raised(shared: Path, user: UserIds) -> None:
-    (shared / "archive").write_text("a file where the root should be\n")
-    cfg = config(shared)
-    job = state(shared, user)
+def test_a_broken_archive_root_is_reported_not_raised(shared: Path, user: UserIds,
+                                                      cfg: Config, job: JobState,
+                                                      root: Path) -> None:
+    root.write_text("a file where the root should be\n")
     result = archive_attempt(cfg, job, record(shared, user), attempt=0, node="n1",
                              script_text="", extra={})
     assert result.complete is False and result.path == ""
     assert result.problems and "could not be written" in result.problems[0]
 
 
-def test_archiving_off_does_nothing(shared: Path, user: UserIds) -> None:
+def test_archiving_off_does_nothing(shared: Path, user: UserIds, job: JobState,
+                                   root: Path) -> None:
     cfg = config(shared, enabled=False)
-    result = archive_attempt(cfg, state(shared, user), record(shared, user), attempt=0,
-                             node="n1", script_text="", extra={})
-    assert result.complete is False and not (shared / "archive").exists()
+    result = archive_attempt(cfg, job, record(shared, user), attempt=0, node="n1",
+                             script_text="", extra={})
+    assert result.complete is False and not root.exists()
 
 
 @pytest.mark.parametrize(("stdout", "slurm", "expected"), [

@@ -7,51 +7,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.support.archive import (
-    config,
-    record,
-    run_attempt,
-    shared,
-    state,
-    user,
-    user_file,
-    work_dir,
-)
-from wrapper.archive import archive_attempt
+from tests.support.archive import jobwrap
 from wrapper.archive.cli import parse_since
-from wrapper.archive.index import SqliteIndex
 from wrapper.cli import cli
 from wrapper.osl.child import call_as as as_user
 from wrapper.osl.users import UserIds
-
-__all__ = ["shared", "user"]  # fixtures, used by name
-
-
-@pytest.fixture
-def archived(shared: Path, user: UserIds) -> str:
-    """A config path, and job 42 (two attempts) archived under it."""
-    cfg_path = shared / "config.toml"
-    cfg = config(shared, max_age_days=0.5)
-    cfg_path.write_text(f'[paths]\nstate_dir = "{shared}/state"\n'
-                        f'archive_root = "{shared}/archive"\n[log]\nfile = ""\n'
-                        "[archive]\nmax_age_days = 0.5\n")
-    os.chmod(cfg_path, 0o644)
-    user_file(work_dir(shared, user) / "job-42.out", user, "hello from the job\n")
-    job = state(shared, user)
-    rec = record(shared, user, nodes=["n1"])
-    run_attempt(job, 0, ["n1"], kind="hang", decision="requeue", checkpoints=(5,))
-    archive_attempt(cfg, job, rec, attempt=0, node="n1", script_text="#!/bin/sh\n",
-                    extra={"slurm": {"JobName": "train"}})
-    run_attempt(job, 1, ["n1"], checkpoints=(9,))
-    archive_attempt(cfg, job, rec, attempt=1, node="n1", script_text="#!/bin/sh\n",
-                    extra={"slurm": {"JobName": "train"}})
-    SqliteIndex(f"{shared}/archive").rebuild()  # as an installed cluster has it
-    return str(cfg_path)
-
-
-def jobwrap(config_path: str, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli, ["--config", config_path, *args])
-    return result.exit_code, result.output
 
 
 def test_list_and_show(archived: str, user: UserIds) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.archive import shared, state, user, user_file, work_dir
+from tests.support.archive import user_file
 from wrapper.archive._fs import Access
 from wrapper.archive.collect import (
     ARCHIVED,
@@ -24,9 +24,8 @@ from wrapper.archive.collect import (
     collect,
     copy_user_file,
 )
+from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
-
-__all__ = ["shared", "user"]  # fixtures, used by name
 
 
 @pytest.fixture
@@ -52,8 +51,8 @@ def unzipped(shared: Path, name: str) -> bytes:
 
 
 def test_the_users_output_is_streamed_compressed_and_hashed(shared: Path, user: UserIds,
-                                                           dest: int) -> None:
-    out = user_file(work_dir(shared, user) / "job.out", user, "step 1\n" * 10000)
+                                                           dest: int, work: Path) -> None:
+    out = user_file(work / "job.out", user, "step 1\n" * 10000)
     entry = copy_user_file(dest, Access(gid=user.gid), spec("stdout", out), user, limits())
     assert entry.status == ARCHIVED
     assert unzipped(shared, "stdout.gz") == out.read_bytes()
@@ -64,11 +63,11 @@ def test_the_users_output_is_streamed_compressed_and_hashed(shared: Path, user: 
 
 
 def test_a_symlink_to_a_root_only_file_is_refused_and_not_archived(
-        shared: Path, user: UserIds, dest: int) -> None:
+        shared: Path, user: UserIds, dest: int, work: Path) -> None:
     secret = shared / "shadow"
     secret.write_text("root:secret-hash\n")
     os.chmod(secret, 0o600)
-    link = work_dir(shared, user) / "job.out"
+    link = work / "job.out"
     link.symlink_to(secret)
     entry = copy_user_file(dest, Access(gid=user.gid), spec("stdout", link), user, limits())
     assert entry.status == REFUSED
@@ -77,8 +76,8 @@ def test_a_symlink_to_a_root_only_file_is_refused_and_not_archived(
     assert all(b"secret-hash" not in p.read_bytes() for p in (shared / "part").iterdir())
 
 
-def test_a_fifo_is_refused_without_blocking(shared: Path, user: UserIds, dest: int) -> None:
-    fifo = work_dir(shared, user) / "job.out"
+def test_a_fifo_is_refused_without_blocking(user: UserIds, dest: int, work: Path) -> None:
+    fifo = work / "job.out"
     os.mkfifo(fifo)
     os.chown(fifo, user.uid, user.gid)
     started = time.monotonic()
@@ -87,9 +86,8 @@ def test_a_fifo_is_refused_without_blocking(shared: Path, user: UserIds, dest: i
     assert time.monotonic() - started < 5
 
 
-def test_missing_output_and_the_first_existing_candidate(shared: Path, user: UserIds,
-                                                         dest: int) -> None:
-    work = work_dir(shared, user)
+def test_missing_output_and_the_first_existing_candidate(user: UserIds, dest: int,
+                                                         work: Path) -> None:
     entry = copy_user_file(dest, Access(gid=user.gid), spec("stdout", work / "nope"), user,
                            limits())
     assert entry.status == MISSING
@@ -99,8 +97,9 @@ def test_missing_output_and_the_first_existing_candidate(shared: Path, user: Use
     assert (entry.status, entry.source) == (ARCHIVED, str(second))
 
 
-def test_a_large_log_keeps_its_tail(shared: Path, user: UserIds, dest: int) -> None:
-    out = user_file(work_dir(shared, user) / "big.out", user,
+def test_a_large_log_keeps_its_tail(shared: Path, user: UserIds, dest: int,
+                                    work: Path) -> None:
+    out = user_file(work / "big.out", user,
                     "".join(f"line {i}\n" for i in range(100000)))
     entry = copy_user_file(dest, Access(gid=user.gid), spec("stdout", out), user,
                            limits(max_file=1000))
@@ -109,9 +108,8 @@ def test_a_large_log_keeps_its_tail(shared: Path, user: UserIds, dest: int) -> N
     assert unzipped(shared, "stdout.gz").endswith(b"line 99999\n")
 
 
-def test_a_spent_budget_skips_and_a_slow_copy_is_cut_short(shared: Path, user: UserIds,
-                                                          dest: int) -> None:
-    work = work_dir(shared, user)
+def test_a_spent_budget_skips_and_a_slow_copy_is_cut_short(user: UserIds, dest: int,
+                                                          work: Path) -> None:
     small = user_file(work / "small.out", user, "x\n")
     entry = copy_user_file(dest, Access(gid=user.gid), spec("stdout", small), user,
                            limits(seconds=-1))
@@ -130,10 +128,9 @@ def test_a_spent_budget_skips_and_a_slow_copy_is_cut_short(shared: Path, user: U
     assert time.monotonic() - started < 10
 
 
-def test_collect_writes_every_kind_of_file(shared: Path, user: UserIds, dest: int) -> None:
-    work = work_dir(shared, user)
+def test_collect_writes_every_kind_of_file(shared: Path, user: UserIds, dest: int,
+                                          work: Path, job: JobState) -> None:
     out = user_file(work / "job.out", user, "hello\n")
-    job = state(shared, user)
     job.append("prolog.context", node="n1", attempt=1)
     (job.path / "supervisor.log").write_text(
         json.dumps({"event": "supervisor.start", "attempt": 0}) + "\n"
@@ -173,8 +170,9 @@ def test_no_known_user_means_no_user_file_is_read(shared: Path, dest: int) -> No
     assert isinstance(entry, ArchivedFile) and "never read with root's rights" in entry.error
 
 
-def test_a_large_log_is_streamed_never_held_in_memory(shared: Path, user: UserIds) -> None:
-    big = work_dir(shared, user) / "big.out"
+def test_a_large_log_is_streamed_never_held_in_memory(shared: Path, user: UserIds,
+                                                      work: Path) -> None:
+    big = work / "big.out"
     with open(big, "wb") as handle:
         handle.truncate(384 << 20)  # 384 MiB, sparse: more than the bound below
     os.chown(big, user.uid, user.gid)

@@ -9,13 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.archive import shared, user, work_dir
 from wrapper.archive.gitfacts import GitReadError, read_facts
 from wrapper.archive.manifest import read_code
 from wrapper.osl.child import call_as as as_user
 from wrapper.osl.users import UserIds
-
-__all__ = ["shared", "user"]  # fixtures, used by name
 
 ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@x", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
@@ -108,8 +105,8 @@ def test_hostile_files_in_git_are_refused_not_waited_on(tmp_path: Path) -> None:
         read_facts(str(repo))
 
 
-def test_nothing_of_the_repository_runs(shared: Path, user: UserIds) -> None:
-    repo = work_dir(shared, user) / "evil"
+def test_nothing_of_the_repository_runs(user: UserIds, work: Path) -> None:
+    repo = work / "evil"
     marker = repo.parent / "ran"  # the user's own folder: written, were anything run
 
     def setup() -> None:

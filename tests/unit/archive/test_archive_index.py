@@ -20,50 +20,17 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.support.archive import shared, user
+from tests.support.archive import NOW, config_file, write_job
 from wrapper.archive import index as index_mod
 from wrapper.archive import store
-from wrapper.archive._fs import Access
 from wrapper.archive.index import SqliteIndex
 from wrapper.cli import cli
-from wrapper.config import Config, load
+from wrapper.config import load
 from wrapper.goodput import report
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
 
-__all__ = ["shared", "user"]  # fixtures, used by name
-
-NOW = time.time()
 DAY = 86400.0
-
-
-def write_job(root: Path, user_name: str, job_id: str, *, age_s: float = 600.0,
-              kinds: tuple[str, ...] = ("success",), nodes: tuple[str, ...] = ("n1",),
-              gid: int = 0) -> dict[str, Any]:
-    """One job archived through the project's Writer (it spools the job's record)."""
-    updated = NOW - age_s
-    attempts = [{"attempt": n, "status": "ended", "nodes": list(nodes),
-                 "started_at": updated - 3600 * (len(kinds) - n),
-                 "ended_at": updated - 3600 * (len(kinds) - n) + 3000, "outcome": kind,
-                 "checkpoint_list": [{"ts": updated - 3600 * (len(kinds) - n) + 1000,
-                                      "step": 10 * (n + 1), "path": f"/c/{n}"}]}
-                for n, kind in enumerate(kinds)]
-    manifest = {"schema_version": 1, "updated_at": updated,
-                "job": {"id": job_id, "name": f"train-{job_id}", "user": user_name, "uid": 0},
-                "attempts": attempts, "archive": {"complete": True}}
-    with store.Writer(str(root), user_name, job_id, nodes[0], Access(gid=gid)) as writer:
-        for number in range(len(kinds)):
-            writer.write_part(number, {"archived_at": updated, "complete": True})
-        writer.commit(lambda parts: manifest)
-    return manifest
-
-
-def config_file(base: Path, archive: str = "") -> str:
-    path = base / "config.toml"
-    path.write_text(f'[paths]\nstate_dir = "{base}/state"\narchive_root = "{base}/archive"\n'
-                    f'[log]\nfile = ""\n[archive]\n{archive}')
-    os.chmod(path, 0o644)
-    return str(path)
 
 
 def jobwrap(cfg: str, *args: str) -> tuple[int, str, str]:
@@ -76,28 +43,25 @@ def spooled(root: Path) -> list[str]:
 
 
 def test_the_epilog_spools_a_record_and_the_first_reader_builds_the_index(
-        tmp_path: Path) -> None:
-    root = tmp_path / "archive"
+        root: Path, config_path: str) -> None:
     write_job(root, "alice", "1", kinds=("hang", "success"))
     assert len(spooled(root)) == 1 and not (root / ".index" / "archive.sqlite").exists()
-    cfg = config_file(tmp_path)
-    code, out, err = jobwrap(cfg, "archive", "list", "--json")
+    code, out, err = jobwrap(config_path, "archive", "list", "--json")
     assert code == 0 and [i["job_id"] for i in json.loads(out)] == ["1"]
     assert err.count("\n") == 1 and "no index" in err and "built it again" in err
     assert spooled(root) == []
     write_job(root, "bob", "2")
-    code, out, err = jobwrap(cfg, "archive", "list", "--json")  # folds, says nothing
+    code, out, err = jobwrap(config_path, "archive", "list", "--json")  # folds, says nothing
     assert code == 0 and err == ""
     assert [(i["user"], i["job_id"], i["attempts"]) for i in json.loads(out)] == [
         ("alice", "1", [0, 1]), ("bob", "2", [0])]
     assert spooled(root) == []
     write_job(root, "bob", "3")
-    code, out, err = jobwrap(cfg, "archive", "index")  # a timer's way
+    code, out, err = jobwrap(config_path, "archive", "index")  # a timer's way
     assert (code, spooled(root)) == (0, []) and "folded 1 records" in err
 
 
-def test_the_index_is_private_and_its_summary_holds_no_row(tmp_path: Path) -> None:
-    root = tmp_path / "archive"
+def test_the_index_is_private_and_its_summary_holds_no_row(root: Path) -> None:
     write_job(root, "alice", "1", kinds=("hardware", "success"))
     SqliteIndex(str(root)).rebuild()
     modes = {name: stat.S_IMODE(os.stat(root / ".index" / name).st_mode)
@@ -109,37 +73,34 @@ def test_the_index_is_private_and_its_summary_holds_no_row(tmp_path: Path) -> No
     assert summary["mtbf_s"] == pytest.approx(6000.0)  # 2 x 3000 s of attempts, 1 failure
 
 
-def test_a_damaged_index_is_rebuilt_with_one_line_and_no_traceback(tmp_path: Path) -> None:
-    root = tmp_path / "archive"
+def test_a_damaged_index_is_rebuilt_with_one_line_and_no_traceback(
+        root: Path, config_path: str) -> None:
     write_job(root, "alice", "1")
-    cfg = config_file(tmp_path)
     SqliteIndex(str(root)).rebuild()
     (root / ".index" / "archive.sqlite").write_bytes(b"not a database at all " * 400)
-    code, out, err = jobwrap(cfg, "report", "--since", "1d", "--json")
+    code, out, err = jobwrap(config_path, "report", "--since", "1d", "--json")
     assert code == 0 and json.loads(out)["report"]["jobs"] == 1
     assert err.count("\n") == 1 and "damaged" in err and "Traceback" not in err
-    code, out, err = jobwrap(cfg, "archive", "list")
+    code, out, err = jobwrap(config_path, "archive", "list")
     assert code == 0 and err == "" and "alice" in out
 
 
-def test_an_index_of_an_older_schema_is_rebuilt(tmp_path: Path) -> None:
-    root = tmp_path / "archive"
+def test_an_index_of_an_older_schema_is_rebuilt(root: Path, config_path: str) -> None:
     write_job(root, "alice", "1")
     SqliteIndex(str(root)).rebuild()
     con = sqlite3.connect(root / ".index" / "archive.sqlite")
     con.execute(f"PRAGMA user_version = {index_mod.SCHEMA - 1}")
     con.close()
     said: list[str] = []
-    index = index_mod.reading(_cfg(tmp_path), said.append)
+    index = index_mod.reading(load(config_path), said.append)
     assert index is not None and [i.job_id for i in index.jobs()] == ["1"]
     assert len(said) == 1 and f"schema {index_mod.SCHEMA - 1}" in said[0]
 
 
 def test_a_newer_jobwraps_index_is_left_as_it_is_and_the_manifests_are_read(
-        tmp_path: Path) -> None:
+        root: Path, config_path: str) -> None:
     """A downgrade (or an upgrade not finished on the admin node): the newer index is not
     this jobwrap's to rebuild; the commands say so in one line and read the manifests."""
-    root = tmp_path / "archive"
     write_job(root, "alice", "1")
     SqliteIndex(str(root)).rebuild()
     database = root / ".index" / "archive.sqlite"
@@ -147,29 +108,27 @@ def test_a_newer_jobwraps_index_is_left_as_it_is_and_the_manifests_are_read(
     con.execute(f"PRAGMA user_version = {index_mod.SCHEMA + 1}")
     con.close()
     said: list[str] = []
-    assert index_mod.reading(_cfg(tmp_path), said.append) is None
+    assert index_mod.reading(load(config_path), said.append) is None
     [line] = said
     assert f"{database} is in archive index format {index_mod.SCHEMA + 1}" in line
     assert "install the same jobwrap on every node" in line and "manifests instead" in line
     con = sqlite3.connect(database)  # untouched: still the newer jobwrap's
     assert con.execute("PRAGMA user_version").fetchone()[0] == index_mod.SCHEMA + 1
     con.close()
-    code, out, err = jobwrap(config_file(tmp_path), "archive", "list")
+    code, out, err = jobwrap(config_path, "archive", "list")
     assert code == 0 and "alice" in out and "Traceback" not in err
 
 
 def test_a_manifest_that_does_not_parse_is_named_listed_and_left_out_of_reports(
-        tmp_path: Path) -> None:
-    root = tmp_path / "archive"
+        root: Path, config_path: str) -> None:
     write_job(root, "alice", "1")
     write_job(root, "alice", "2")
     (root / "alice" / "2" / "manifest.json").write_text('{"attempts": [')
-    cfg = config_file(tmp_path)
-    code, out, err = jobwrap(cfg, "archive", "reindex")
+    code, out, err = jobwrap(config_path, "archive", "reindex")
     assert code == 0 and "alice/2" in out + err and "do not parse" in out + err
-    code, out, err = jobwrap(cfg, "archive", "list", "--json")
+    code, out, err = jobwrap(config_path, "archive", "list", "--json")
     assert [i["job_id"] for i in json.loads(out)] == ["1", "2"]  # prune still sees it
-    code, out, err = jobwrap(cfg, "report", "--since", "1d", "--json")
+    code, out, err = jobwrap(config_path, "report", "--since", "1d", "--json")
     data = json.loads(out)
     assert data["report"]["jobs"] == 1
     assert data["problems"] == ["job 2 of alice: its manifest does not parse or lists no "
@@ -178,8 +137,7 @@ def test_a_manifest_that_does_not_parse_is_named_listed_and_left_out_of_reports(
 
 @pytest.mark.parametrize("fault", ["disk_full", "index_folder_is_a_file"])
 def test_a_spool_write_that_fails_never_fails_the_archive_nor_loses_the_manifest(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
-    root = tmp_path / "archive"
+        shared: Path, root: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
     write_job(root, "alice", "1")
     if fault == "disk_full":
         def full(*_: object, **__: object) -> None:
@@ -187,7 +145,7 @@ def test_a_spool_write_that_fails_never_fails_the_archive_nor_loses_the_manifest
 
         monkeypatch.setattr(index_mod, "write_json_atomic", full)
     else:
-        os.rename(root / ".index", tmp_path / "old-index")
+        os.rename(root / ".index", shared / "old-index")
         (root / ".index").write_text("in the way")
     manifest = write_job(root, "alice", "2")
     on_disk = json.loads((root / "alice" / "2" / "manifest.json").read_text())
@@ -200,8 +158,7 @@ def test_a_spool_write_that_fails_never_fails_the_archive_nor_loses_the_manifest
 
 
 def test_a_lock_held_by_another_indexer_reads_the_index_as_it_is(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = tmp_path / "archive"
+        root: Path, config_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     write_job(root, "alice", "1")
     SqliteIndex(str(root)).rebuild()
     write_job(root, "alice", "2")
@@ -210,12 +167,12 @@ def test_a_lock_held_by_another_indexer_reads_the_index_as_it_is(
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         said: list[str] = []
-        index = index_mod.reading(_cfg(tmp_path), said.append)
+        index = index_mod.reading(load(config_path), said.append)
         assert index is not None and [i.job_id for i in index.jobs()] == ["1"]
         assert len(said) == 1 and "locked" in said[0] and "newest" in said[0]
     finally:
         os.close(fd)
-    index = index_mod.reading(_cfg(tmp_path), said.append)
+    index = index_mod.reading(load(config_path), said.append)
     assert index is not None and [i.job_id for i in index.jobs()] == ["1", "2"]
 
 
@@ -230,8 +187,7 @@ print("done")
 """
 
 
-def test_two_indexers_at_once_never_corrupt_the_index(tmp_path: Path) -> None:
-    root = tmp_path / "archive"
+def test_two_indexers_at_once_never_corrupt_the_index(root: Path) -> None:
     for n in range(30):
         write_job(root, f"u{n % 3}", str(100 + n), kinds=("hardware", "success"))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
@@ -253,12 +209,11 @@ def test_two_indexers_at_once_never_corrupt_the_index(tmp_path: Path) -> None:
     assert spooled(root) == []
 
 
-def test_an_ordinary_user_reads_no_other_users_row(shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
+def test_an_ordinary_user_reads_no_other_users_row(
+        user: UserIds, root: Path, config_path: str) -> None:
     write_job(root, user.name, "1", gid=user.gid)
     write_job(root, "someone", "2")
-    cfg = config_file(shared)
-    code, out, _ = jobwrap(cfg, "archive", "list", "--json")  # root: both, index built
+    code, out, _ = jobwrap(config_path, "archive", "list", "--json")  # root: both, index built
     assert code == 0 and [i["user"] for i in json.loads(out)] == [user.name, "someone"]
 
     def as_the_user() -> list[Any]:
@@ -267,8 +222,8 @@ def test_an_ordinary_user_reads_no_other_users_row(shared: Path, user: UserIds) 
                 opened = "opened"
         except PermissionError:
             opened = "refused"
-        listed = CliRunner().invoke(cli, ["--config", cfg, "archive", "list", "--json"])
-        reported = CliRunner().invoke(cli, ["--config", cfg, "report", "--since", "1d",
+        listed = CliRunner().invoke(cli, ["--config", config_path, "archive", "list", "--json"])
+        reported = CliRunner().invoke(cli, ["--config", config_path, "report", "--since", "1d",
                                             "--json"])
         return [opened, index_mod.may_read(str(root)),
                 [i["user"] for i in json.loads(listed.stdout)],
@@ -278,12 +233,11 @@ def test_an_ordinary_user_reads_no_other_users_row(shared: Path, user: UserIds) 
 
 
 def test_commands_open_no_manifest_they_do_not_need(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = tmp_path / "archive"
+        shared: Path, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for n in range(20):
         write_job(root, "alice", str(n + 1), age_s=(n + 1) * DAY,
                   kinds=("hang", "success") if n % 2 else ("success",))
-    cfg = config_file(tmp_path, "max_age_days = 10.0\n")
+    cfg = config_file(shared, "max_age_days = 10.0\n")
     assert jobwrap(cfg, "archive", "reindex")[0] == 0
     opened: list[str] = []
     real = store.read_json
@@ -309,8 +263,7 @@ def test_commands_open_no_manifest_they_do_not_need(
     assert len(jobs) == 2 and problems == [] and opened == ["manifest.json"] * 2
 
 
-def test_the_index_tells_what_the_manifests_tell(tmp_path: Path) -> None:
-    root = tmp_path / "archive"
+def test_the_index_tells_what_the_manifests_tell(root: Path) -> None:
     for n in range(12):
         kinds = (("hardware", "success"), ("hang", "node_failure", "success"),
                  ("success",))[n % 3]
@@ -330,19 +283,14 @@ def test_the_index_tells_what_the_manifests_tell(tmp_path: Path) -> None:
         i.as_dict() for i in store.list_archives(str(root), "u1", since)]
 
 
-def _cfg(base: Path) -> Config:
-    return load(config_file(base))
-
-
 @pytest.mark.parametrize("limits", ["max_age_days = 10.0\n",
                                     "max_age_days = 10.0\nmax_total_gb = 0.0000001\n",
                                     "max_age_days = 0.0\nmax_total_gb = 0.00000005\n"])
-def test_prune_through_the_index_removes_what_the_walk_would(tmp_path: Path,
-                                                             limits: str) -> None:
-    root = tmp_path / "archive"
+def test_prune_through_the_index_removes_what_the_walk_would(
+        shared: Path, root: Path, limits: str) -> None:
     for n in range(16):
         write_job(root, f"u{n % 3}", str(n + 1), age_s=(n + 1) * DAY)
-    cfg = config_file(tmp_path, limits)
+    cfg = config_file(shared, limits)
     settings = load(cfg).archive
     walked = store.prune(str(root), settings.max_age_days,
                          int(settings.max_total_gb * (1 << 30)), time.time(), dry_run=True)
@@ -359,25 +307,23 @@ def test_prune_through_the_index_removes_what_the_walk_would(tmp_path: Path,
         i.job_id for i in store.list_archives(str(root)))  # the index forgot them
 
 
-def test_list_streams_what_json_dumps_would_print(tmp_path: Path) -> None:
-    root = tmp_path / "archive"
+def test_list_streams_what_json_dumps_would_print(root: Path, config_path: str) -> None:
     for n in range(3):
         write_job(root, "alice", str(n + 1), age_s=(n + 1) * 60)
-    cfg = config_file(tmp_path)
     SqliteIndex(str(root)).rebuild()
-    code, out, _ = jobwrap(cfg, "archive", "list", "--json")
+    code, out, _ = jobwrap(config_path, "archive", "list", "--json")
     expected = json.dumps([i.as_dict() for i in SqliteIndex(str(root)).jobs()], indent=2)
     assert code == 0 and out == expected + "\n"
-    code, out, err = jobwrap(cfg, "archive", "list", "--json", "--user", "nobody")
+    code, out, err = jobwrap(config_path, "archive", "list", "--json", "--user", "nobody")
     assert (code, out) == (0, "[]\n")
-    code, out, err = jobwrap(cfg, "archive", "list", "--user", "nobody")
+    code, out, err = jobwrap(config_path, "archive", "list", "--user", "nobody")
     assert (code, out, err) == (0, "", "no archives\n")
 
 
-def test_an_index_that_cannot_be_built_falls_back_to_the_manifests(tmp_path: Path) -> None:
-    root = tmp_path / "archive"
+def test_an_index_that_cannot_be_built_falls_back_to_the_manifests(
+        shared: Path, root: Path) -> None:
     write_job(root, "alice", "1")
-    cfg = config_file(tmp_path, f'index_path = "{tmp_path}/no-such-folder/index.sqlite"\n')
+    cfg = config_file(shared, f'index_path = "{shared}/no-such-folder/index.sqlite"\n')
     code, out, err = jobwrap(cfg, "archive", "list", "--json")
     assert code == 0 and [i["job_id"] for i in json.loads(out)] == ["1"]
     assert err.count("\n") == 1 and "cannot be used" in err and "Traceback" not in err

@@ -4,12 +4,12 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.support.archive import record, run_attempt, shared, state, user, work_dir
+from tests.support.archive import record, run_attempt
 from wrapper.archive.manifest import SCHEMA_VERSION, build, merge_events, read_code
+from wrapper.job import events as ev
+from wrapper.job.state import JobState
 from wrapper.osl.child import call_as as as_user
 from wrapper.osl.users import UserIds
-
-__all__ = ["shared", "user"]  # fixtures, used by name
 
 
 def git(user: UserIds, repo: Path, *args: str) -> None:
@@ -21,23 +21,22 @@ def git(user: UserIds, repo: Path, *args: str) -> None:
     assert as_user(user, run) == 0
 
 
-def test_git_facts_are_read_as_the_user(shared: Path, user: UserIds) -> None:
-    repo = work_dir(shared, user)
-    assert read_code(user, str(repo), 10)["repository"] is False
-    git(user, repo, "init", "-q")
-    empty = read_code(user, str(repo), 10)
+def test_git_facts_are_read_as_the_user(work: Path, user: UserIds) -> None:
+    assert read_code(user, str(work), 10)["repository"] is False
+    git(user, work, "init", "-q")
+    empty = read_code(user, str(work), 10)
     assert (empty["repository"], empty["commit"], empty["error"]) == (True, None, "")
-    (repo / "train.py").write_text("print(1)\n")
-    os.chown(repo / "train.py", user.uid, user.gid)
-    git(user, repo, "add", "train.py")
-    git(user, repo, "commit", "-q", "-m", "first")
-    clean = read_code(user, str(repo), 10)
+    (work / "train.py").write_text("print(1)\n")
+    os.chown(work / "train.py", user.uid, user.gid)
+    git(user, work, "add", "train.py")
+    git(user, work, "commit", "-q", "-m", "first")
+    clean = read_code(user, str(work), 10)
     assert len(clean["commit"]) == 40 and clean["dirty"] is False and clean["changes"] == 0
-    (repo / "train.py").write_text("print(2)\n")
-    dirty = read_code(user, str(repo), 10)
+    (work / "train.py").write_text("print(2)\n")
+    dirty = read_code(user, str(work), 10)
     assert dirty["commit"] == clean["commit"]
     assert (dirty["dirty"], dirty["changes"]) == (True, 1)
-    assert not (repo / ".git" / "index.lock").exists()
+    assert not (work / ".git" / "index.lock").exists()
 
 
 def test_a_work_dir_the_user_cannot_read_is_an_error_not_a_crash(shared: Path,
@@ -49,8 +48,8 @@ def test_a_work_dir_the_user_cannot_read_is_an_error_not_a_crash(shared: Path,
     assert read_code(user, "", 10)["error"] == "the job's work dir is not known"
 
 
-def test_the_manifest_tells_what_the_cluster_did(shared: Path, user: UserIds) -> None:
-    job = state(shared, user)
+def test_the_manifest_tells_what_the_cluster_did(shared: Path, user: UserIds,
+                                                 job: JobState) -> None:
     run_attempt(job, 0, ["n1", "n2"], kind="hardware", decision="requeue", checkpoints=(100,))
     run_attempt(job, 1, ["n1", "n3"], checkpoints=(200, 300))
     files = [{"name": "stdout.gz", "kind": "stdout", "status": "archived"}]
@@ -94,4 +93,6 @@ def test_events_seen_by_two_nodes_count_once() -> None:
     event = {"ts": 1.5, "event": "epilog.context", "node": "n1", "attempt": 0,
              "source": "root"}
     later = {**event, "ts": 2.5, "node": "n2"}
-    assert merge_events([later, event, dict(event)]) == [event, later]
+    merged = merge_events([later, event, dict(event)])
+    assert [(type(e), e.node, e.ts) for e in merged] == [(ev.EpilogContext, "n1", 1.5),
+                                                         (ev.EpilogContext, "n2", 2.5)]

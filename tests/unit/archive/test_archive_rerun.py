@@ -9,26 +9,16 @@ import shlex
 import time
 from pathlib import Path
 
-from tests.support.archive import (
-    config,
-    record,
-    run_attempt,
-    shared,
-    state,
-    user,
-    user_file,
-    work_dir,
-)
-from tests.unit.archive.test_archive_cli import archived, jobwrap
+from tests.support.archive import jobwrap, record, run_attempt, user_file
 from wrapper import slurm
 from wrapper.archive import archive_attempt, jobenv, rerun
 from wrapper.config import Config, GpuConfig, PathsConfig, SlurmConfig
 from wrapper.hooks.health import check_node
+from wrapper.job import events as ev
 from wrapper.job.state import JobState
+from wrapper.job.store import JobStore
 from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
-
-__all__ = ["archived", "shared", "user"]  # fixtures, used by name
 
 HEALTHY = Path(__file__).resolve().parents[2] / "fixtures" / "gpu" / "healthy-4.toml"
 
@@ -44,7 +34,7 @@ def test_software_is_what_roots_version_checks_read_with_the_fake_probe(tmp_path
     report = check_node(ctx, cfg, {}, phase="prolog", backend=slurm.backend(SlurmConfig()),
                         state=job)
     assert report.verdict == "pass"
-    stack = rerun.software(job.events())["n1"]
+    stack = rerun.software(JobStore(job).events())["n1"]
     assert (stack["driver"], stack["cuda"]) == ("550.54.15", "12.4")
     assert stack["checks"]["driver"] == "pass" and stack["phase"] == "prolog"
     assert stack["nccl"] is None and stack["attempt"] == 0
@@ -57,8 +47,8 @@ def test_version_rows_of_every_check_are_read_and_user_events_are_not() -> None:
              "reason": "nvidia-fabricmanager active, version 550.54.15"},
             {"check": "commands", "status": "pass", "reason": "python3.11 3.2.1 (>= 3.2)"},
             {"check": "commands", "status": "fail", "reason": "nvcc: was not found"}]
-    events = [{"event": "health", "source": "root", "node": "n2", "versions": rows},
-              {"event": "health", "source": "user", "node": "n3", "versions": rows}]
+    events = [ev.Health(node="n2", versions=rows),
+              ev.Health(node="n3", versions=rows, source="user")]
     found = rerun.software(events)
     assert list(found) == ["n2"]
     assert (found["n2"]["nccl"], found["n2"]["fabric_manager"]) == ("2.17.1", "550.54.15")
@@ -162,10 +152,9 @@ def test_a_staged_tree_has_the_cache_key_or_its_files_checksums() -> None:
     items = [{"directive": "a:b", "cache_key": "k" * 64, "files": 2},
              {"directive": "c:d", "checksums": {"x": "1", "y": "2"}},
              {"directive": "e:f"}]
-    events = [{"event": "staging.in", "source": "root", "attempt": 0, "node": n,
-               "items": items} for n in ("n1", "n2")]
-    events.append({"event": "staging.in", "source": "user", "attempt": 0,
-                   "items": [{"directive": "forged", "cache_key": "f"}]})
+    events = [ev.StagingIn(attempt=0, node=n, extra={"items": items}) for n in ("n1", "n2")]
+    events.append(ev.StagingIn(attempt=0, source="user",
+                               extra={"items": [{"directive": "forged", "cache_key": "f"}]}))
     found = rerun.data(events, 0)
     assert [(d["directive"], d["digest_kind"]) for d in found] == [
         ("a:b", "cache_key"), ("c:d", "files_sha256"), ("e:f", None)]
@@ -196,19 +185,16 @@ def test_the_rerun_command_replays_slurms_options_seeds_and_resume_point() -> No
     none = rerun.command(job_id="9", slurm={}, work_dir=None, script=None, seeds={},
                          resume_from=None, attempt=0)
     assert none["command"] is None and "not in the archive" in none["notes"][0]
-    ended = [{"event": "attempt.end", "source": "root", "attempt": 0,
-              "checkpoint_path": "/ck/step-5"},
-             {"event": "attempt.end", "source": "user", "attempt": 0,
-              "checkpoint_path": "/forged"}]
+    ended = [ev.AttemptEnd(attempt=0, checkpoint_path="/ck/step-5"),
+             ev.AttemptEnd(attempt=0, source="user", checkpoint_path="/forged")]
     assert rerun.resume_point(ended, 1) == "/ck/step-5" and rerun.resume_point(ended, 0) is None
 
 
 def test_the_archived_manifest_has_every_section_and_show_rerun_prints_it(
-        shared: Path, user: UserIds) -> None:
-    cfg = config(shared)
+        shared: Path, user: UserIds, cfg: Config, job: JobState, work: Path,
+        config_path: str) -> None:
     prefix = _venv(shared, user)
-    user_file(work_dir(shared, user) / "job-42.out", user, "hi\n")
-    job = state(shared, user)
+    user_file(work / "job-42.out", user, "hi\n")
     rec = record(shared, user, nodes=["n1"])
     run_attempt(job, 0, ["n1"], kind="hang", decision="requeue", checkpoints=(5,))
     job.append("health", node="n1", attempt=1, phase="prolog", verdict="pass", failures=[],
@@ -235,14 +221,11 @@ def test_the_archived_manifest_has_every_section_and_show_rerun_prints_it(
     command = manifest["rerun"]["command"]
     assert command.startswith(f"gzip -dc {archive}/attempt-1/n1/batch-script.sh.gz | sbatch ")
     assert "JOBWRAP_RESUME_FROM=/ckpt/step-5" in command and "SEED=11" in command
-    cfg_path = shared / "config.toml"
-    cfg_path.write_text(f'[paths]\nstate_dir = "{shared}/state"\n'
-                        f'archive_root = "{shared}/archive"\n[log]\nfile = ""\n')
-    code, out = jobwrap(str(cfg_path), "archive", "show", "42", "--rerun")
+    code, out = jobwrap(config_path, "archive", "show", "42", "--rerun")
     assert (code, out) == (0, command + "\n")
-    code, out = jobwrap(str(cfg_path), "archive", "show", "42")
+    code, out = jobwrap(config_path, "archive", "show", "42")
     assert "software n1: driver 550.54.15" in out and f"rerun {command}" in out
-    code, out = jobwrap(str(cfg_path), "archive", "show", "42", "--rerun", "--attempt", "7")
+    code, out = jobwrap(config_path, "archive", "show", "42", "--rerun", "--attempt", "7")
     assert code == 2 and "no attempt 7" in out
 
 

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-from pathlib import Path
-
-from tests.support.archive import run_attempt, shared, state, user
+from tests.support.archive import run_attempt, summarized
 from wrapper.archive.status import (
     ENDED,
     ENDING,
@@ -13,18 +11,21 @@ from wrapper.archive.status import (
     summarize,
     timeline,
 )
-from wrapper.osl.users import UserIds
+from wrapper.job import events as ev
+from wrapper.job.state import JobState
+from wrapper.job.store import JobStore
 
-__all__ = ["shared", "user"]  # fixtures, used by name
+
+def timeline_of(job: JobState) -> list[AttemptSummary]:
+    return timeline(JobStore(job))
 
 
-def test_a_finished_job_tells_both_attempts_in_order(shared: Path, user: UserIds) -> None:
-    job = state(shared, user)
+def test_a_finished_job_tells_both_attempts_in_order(job: JobState) -> None:
     run_attempt(job, 0, ["n1", "n2"], kind="hardware", decision="requeue", checkpoints=(100,
                                                                                         200))
     job.append("gpu.fault", as_user=True, attempt=0, hook="supervisor", reason="xid 79 gpu1")
     run_attempt(job, 1, ["n1", "n3"], checkpoints=(300,))
-    first, second = timeline(job)
+    first, second = timeline_of(job)
     assert (first.attempt, first.status, first.nodes) == (0, ENDED, ["n1", "n2"])
     assert (first.checkpoints, first.latest_step) == (2, 200)
     assert (first.outcome, first.decision) == ("hardware", "requeue")
@@ -41,31 +42,29 @@ def test_a_finished_job_tells_both_attempts_in_order(shared: Path, user: UserIds
     assert "finished: success (done)" in text.splitlines()[0]
 
 
-def test_a_running_attempt_shows_running(shared: Path, user: UserIds) -> None:
-    job = state(shared, user)
+def test_a_running_attempt_shows_running(job: JobState) -> None:
     run_attempt(job, 0, ["n1"], kind="walltime", decision="requeue")
     job.append("prolog.context", node="n1", attempt=1, context={"nodes": ["n1"]})
     job.append("checkpoint", as_user=True, attempt=1, hook="supervisor", path="/c/9", step=9)
-    attempts = timeline(job)
+    attempts = timeline_of(job)
     assert [a.status for a in attempts] == [ENDED, RUNNING]
     assert attempts[1].ended_at is None and attempts[1].latest_step == 9
     text = render("42", attempts, now=(attempts[1].started_at or 0) + 125)
     assert "-> running  (2m05s so far)" in text
     assert job_state(attempts) == "attempt 1 running"
     job.append("epilog.context", node="n1", attempt=1, context={})
-    assert timeline(job)[1].status == ENDING
+    assert timeline_of(job)[1].status == ENDING
 
 
-def test_the_users_events_cannot_forge_a_verdict(shared: Path, user: UserIds) -> None:
-    job = state(shared, user)
+def test_the_users_events_cannot_forge_a_verdict(job: JobState) -> None:
     job.append("prolog.context", node="n1", attempt=0, context={"nodes": ["n1"]})
     job.append("attempt.end", as_user=True, attempt=0, kind="success", decision="done")
-    (attempt,) = timeline(job)
+    (attempt,) = timeline_of(job)
     assert (attempt.status, attempt.outcome, attempt.decision) == (RUNNING, None, None)
 
 
 def test_an_attempt_followed_by_another_is_over_even_without_its_verdict() -> None:
-    attempts = summarize([
+    attempts = summarized([
         {"ts": 1, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
         {"ts": 5, "event": "prolog.context", "attempt": 1, "node": "n2", "source": "root"},
         {"ts": 2, "event": "hang", "attempt": 0, "idle_s": 600, "source": "user"},
@@ -83,7 +82,7 @@ def test_summaries_round_trip_through_a_manifest() -> None:
 
 
 def test_the_users_events_cannot_forge_a_failed_prolog() -> None:
-    attempts = summarize([
+    attempts = summarized([
         {"ts": 1, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
         {"ts": 2, "event": "prolog.unhealthy", "attempt": 0, "node": "n1", "reason": "x",
          "source": "user"},
@@ -93,8 +92,6 @@ def test_the_users_events_cannot_forge_a_failed_prolog() -> None:
 
 
 def test_user_events_annotate_root_attempts_and_never_create_one() -> None:
-    from wrapper.archive.status import summarize
-
     events = [
         {"ts": 10.0, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
         {"ts": 12.0, "event": "checkpoint", "attempt": 0, "path": "c1", "step": 1,
@@ -102,6 +99,52 @@ def test_user_events_annotate_root_attempts_and_never_create_one() -> None:
         *({"ts": 11.0 + a, "event": "supervisor.start", "attempt": a, "source": "user"}
           for a in range(52, 120)),
     ]
-    summaries = summarize(events)
+    summaries = summarized(events)
     assert [s.attempt for s in summaries] == [0]
     assert summaries[0].latest_checkpoint == "c1" and summaries[0].started_at == 10.0
+
+
+def test_a_users_malformed_events_neither_raise_nor_make_an_attempt() -> None:
+    """Each field of the wrong type takes its class's default (ev.decode): no event of
+    the user's makes summarize raise (a spare_used's "failed": 5 and an attempt of 1e999
+    once did), and only the attempt root recorded is told."""
+    user_side = {"source": "user"}
+    events = [
+        {"ts": 10, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root",
+         "context": {"nodes": ["n1"]}},
+        {"ts": "soon", "event": "checkpoint", "attempt": 0, "path": 5, "step": "x",
+         "save_s": "slow", **user_side},
+        {"ts": 12, "event": "run.spare_used", "attempt": 0, "failed": 5, "replaced_by": "n9",
+         "reason": ["r"], "spares_left": "many", **user_side},
+        {"ts": 13, "event": "run.started", "attempt": 0, "spare_nodes": "lots", **user_side},
+        {"ts": 14, "event": "hang", "attempt": 0, "idle_s": {"s": 1}, **user_side},
+        {"ts": 15, "event": "walltime.signal", "attempt": 0, "signal": 15, **user_side},
+        {"ts": 16, "event": "checkpoint", "attempt": 1e999, "step": 9, **user_side},
+        {"ts": 17, "event": "checkpoint", "attempt": "0", "step": 9, **user_side},
+        {"ts": 18, "event": "checkpoint", "attempt": 7, "step": 70, **user_side},
+        {"ts": 19, "event": "attempt.end", "attempt": 7, "kind": "success", **user_side},
+        {"ts": 20, "event": "prolog.context", "attempt": 8, "context": "n1", **user_side},
+    ]
+    [only] = summarized(events)
+    assert (only.attempt, only.status, only.nodes, only.started_at) == (0, RUNNING, ["n1"], 10)
+    assert only.checkpoints == 1
+    assert only.checkpoint_list == [{"path": None, "step": None, "ts": None}]
+    assert (only.spares_held, only.spares_used) == (0, 0)
+    assert only.incidents == ["moved onto spare : ; 0 spare left",
+                              "hang: no progress for 0.0 s",
+                              "walltime: sent a signal before the time limit"]
+    assert render("42", [only], now=100).startswith("job 42: 1 attempt, attempt 0 running")
+    # summarize itself, given each line decoded on its own, still tells attempt 0 alone
+    assert [s.attempt for s in summarize(ev.decode(e) for e in events)] == [0]
+
+
+def test_a_line_that_names_no_attempt_annotates_none() -> None:
+    attempts = summarized([
+        {"ts": 10, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
+        {"ts": 11, "event": "prolog.context", "node": "n2", "source": "root",
+         "context": {"attempt": 1, "nodes": ["n2"]}},  # the context's attempt counts
+        {"ts": 12, "event": "checkpoint", "path": "/c/1", "step": 1, "source": "user"},
+        {"ts": 13, "event": "hang", "attempt": None, "idle_s": 5, "source": "user"},
+    ])
+    assert [(a.attempt, a.nodes, a.checkpoints, a.incidents) for a in attempts] == [
+        (0, ["n1"], 0, []), (1, ["n2"], 0, [])]

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.archive import shared, user
 from wrapper.archive._fs import Access, ArchiveError, create_file
 from wrapper.archive.store import (
     Writer,
@@ -22,7 +21,6 @@ from wrapper.archive.store import (
 from wrapper.osl.child import call_as as as_user
 from wrapper.osl.users import AsUserError, UserIds
 
-__all__ = ["shared", "user"]  # fixtures, used by name
 DAY = 86400.0
 
 
@@ -51,8 +49,7 @@ def read(path: Path) -> dict[str, Any]:
     return data
 
 
-def test_two_attempts_and_two_nodes_end_up_in_one_archive(shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
+def test_two_attempts_and_two_nodes_end_up_in_one_archive(user: UserIds, root: Path) -> None:
     path = write(root, user, "7", 0, "n1")
     write(root, user, "7", 0, "n2")
     assert write(root, user, "7", 1, "n1") == path == str(root / user.name / "7")
@@ -65,9 +62,7 @@ def test_two_attempts_and_two_nodes_end_up_in_one_archive(shared: Path, user: Us
 
 
 def test_an_interrupted_first_store_leaves_nothing_that_looks_complete(
-        shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
-
+        user: UserIds, root: Path) -> None:
     def boom(parts: list[dict[str, Any]]) -> dict[str, Any]:
         raise RuntimeError("the epilog died here")
 
@@ -81,9 +76,7 @@ def test_an_interrupted_first_store_leaves_nothing_that_looks_complete(
     assert [i.job_id for i in list_archives(str(root))] == ["8"]
 
 
-def test_a_killed_writer_is_cleaned_up_and_finished_by_the_next(shared: Path,
-                                                                user: UserIds) -> None:
-    root = shared / "archive"
+def test_a_killed_writer_is_cleaned_up_and_finished_by_the_next(user: UserIds, root: Path) -> None:
     write(root, user, "9", 0, "n1")
     pid = os.fork()
     if pid == 0:  # the epilog of attempt 1, killed after its files, before its commit
@@ -105,9 +98,7 @@ def test_a_killed_writer_is_cleaned_up_and_finished_by_the_next(shared: Path,
     assert not leftovers[0].exists()  # the dead epilog's temporary is gone
 
 
-def test_a_failed_merge_never_lists_a_part_that_is_not_there(shared: Path,
-                                                             user: UserIds) -> None:
-    root = shared / "archive"
+def test_a_failed_merge_never_lists_a_part_that_is_not_there(user: UserIds, root: Path) -> None:
     write(root, user, "10", 0, "n1", payload=b"first\n")
     calls: list[int] = []
 
@@ -129,8 +120,7 @@ def test_a_failed_merge_never_lists_a_part_that_is_not_there(shared: Path,
     assert [p.name for p in job.iterdir() if p.name.startswith(".trash")] == []
 
 
-def test_permissions_are_the_users_and_admins_only(shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
+def test_permissions_are_the_users_and_admins_only(user: UserIds, root: Path) -> None:
     write(root, user, "11", 0, "n1")
     assert stat.S_IMODE(root.stat().st_mode) == 0o711
     for path in [root / user.name, *(root / user.name / "11").rglob("*")]:
@@ -147,9 +137,7 @@ def test_permissions_are_the_users_and_admins_only(shared: Path, user: UserIds) 
         as_user(nobody, os.listdir, str(root / user.name))
 
 
-def test_acl_access_lets_only_the_user_and_the_admin_group_read(shared: Path,
-                                                                user: UserIds) -> None:
-    root = shared / "archive"
+def test_acl_access_lets_only_the_user_and_the_admin_group_read(user: UserIds, root: Path) -> None:
     with Writer(str(root), user.name, "12", "n1", Access(gid=0, acl_uid=user.uid),
                 root_mode=0o751) as writer:
         writer.write_part(0, {"complete": True})
@@ -164,8 +152,7 @@ def test_acl_access_lets_only_the_user_and_the_admin_group_read(shared: Path,
         as_user(nobody, Path.read_text, Path(job / "manifest.json"))
 
 
-def test_list_show_and_extract(shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
+def test_list_show_and_extract(shared: Path, user: UserIds, root: Path) -> None:
     write(root, user, "20", 0, "n1", updated_at=100.0, payload=b"hello\n")
     write(root, user, "21", 0, "n1", updated_at=300.0)
     found = list_archives(str(root))
@@ -186,8 +173,7 @@ def test_list_show_and_extract(shared: Path, user: UserIds) -> None:
         extract(str(root), "20", str(dest))
 
 
-def test_extract_never_writes_through_a_symlink(shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
+def test_extract_never_writes_through_a_symlink(shared: Path, user: UserIds, root: Path) -> None:
     write(root, user, "22", 0, "n1")
     dest = shared / "out"
     dest.mkdir()
@@ -199,8 +185,8 @@ def test_extract_never_writes_through_a_symlink(shared: Path, user: UserIds) -> 
     assert list(victim.iterdir()) == []
 
 
-def test_a_symlink_inside_the_archive_is_never_followed(shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
+def test_a_symlink_inside_the_archive_is_never_followed(
+        shared: Path, user: UserIds, root: Path) -> None:
     write(root, user, "23", 0, "n1")
     elsewhere = shared / "elsewhere"
     elsewhere.mkdir()
@@ -218,8 +204,7 @@ def test_a_symlink_inside_the_archive_is_never_followed(shared: Path, user: User
         os.close(job_fd)
 
 
-def test_prune_by_age_then_by_size_oldest_first(shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
+def test_prune_by_age_then_by_size_oldest_first(user: UserIds, root: Path) -> None:
     now = 100 * DAY
     for job_id, age_days in (("30", 40), ("31", 20), ("32", 10), ("33", 1)):
         write(root, user, job_id, 0, "n1", updated_at=now - age_days * DAY,
@@ -237,8 +222,7 @@ def test_prune_by_age_then_by_size_oldest_first(shared: Path, user: UserIds) -> 
     assert prune(str(root), 0, 0, now) == []  # 0 means no limit
 
 
-def test_prune_leaves_an_archive_being_written(shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
+def test_prune_leaves_an_archive_being_written(user: UserIds, root: Path) -> None:
     write(root, user, "40", 0, "n1", updated_at=1.0)
     import fcntl
     fd = os.open(root / user.name / ".40.lock", os.O_RDWR)
@@ -251,15 +235,14 @@ def test_prune_leaves_an_archive_being_written(shared: Path, user: UserIds) -> N
     assert not (root / user.name / "40").exists()
 
 
-def test_bad_names_never_become_paths(shared: Path, user: UserIds) -> None:
+def test_bad_names_never_become_paths(user: UserIds, root: Path) -> None:
     for user_name, job_id, node in (("../etc", "1", "n1"), ("u", "1/2", "n1"),
                                     ("u", "1", "../n1"), ("u", "1", ".hidden")):
         with pytest.raises(ArchiveError):
-            Writer(str(shared / "archive"), user_name, job_id, node, Access(gid=user.gid))
+            Writer(str(root), user_name, job_id, node, Access(gid=user.gid))
 
 
-def test_nodes_archiving_at_once_all_land_in_the_manifest(shared: Path, user: UserIds) -> None:
-    root = shared / "archive"
+def test_nodes_archiving_at_once_all_land_in_the_manifest(user: UserIds, root: Path) -> None:
     nodes = [f"n{i}" for i in range(1, 7)]
     pids = []
     for node in nodes:

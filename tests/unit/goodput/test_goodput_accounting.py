@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wrapper.archive.status import summarize
+from tests.support.archive import summarized
 from wrapper.goodput.accounting import Attempt, Checkpoint, account, from_summaries
+from wrapper.job import events as ev
 
 
 def test_a_clean_run_is_all_productive() -> None:
@@ -105,13 +106,13 @@ def test_from_real_events_through_the_status_summaries() -> None:
         {"ts": 200, "event": "attempt.end", "attempt": 1, "kind": "success",
          "decision": "done", **root},
     ]
-    ledger = account(from_summaries(summarize(events)), now=999)
+    ledger = account(from_summaries(summarized(events)), now=999)
     assert [a.kind for a in ledger.attempts] == ["gpu_fault", "success"]
     assert ledger.attempts[1].first_progress == 150  # resumed at step 20, 1 step/s
     assert ledger.lost_s == 5 and ledger.gap_s == 25
     assert ledger.ettr == pytest.approx(0.70)
     # and the same from the manifest's dict form
-    dicts = [s.as_dict() for s in summarize(events)]
+    dicts = [s.as_dict() for s in summarized(events)]
     assert account(from_summaries(dicts), now=999).ettr == pytest.approx(0.70)
 
 
@@ -133,15 +134,15 @@ def test_the_checkpoint_root_resumed_from_counts_when_the_supervisor_never_said_
         {"ts": 200, "event": "attempt.end", "attempt": 1, "kind": "success",
          "decision": "done", **root},
     ]
-    first = summarize(events)[0]
+    first = summarized(events)[0]
     assert first.latest_step == 20 and first.checkpoint_list[-1]["ts"] == 120.0
-    ledger = account(from_summaries(summarize(events)), now=999)
+    ledger = account(from_summaries(summarized(events)), now=999)
     assert ledger.attempts[0].productive_s == 20 and ledger.attempts[0].lost_s == 5
     forged = [{**e, "source": "user"} if e["event"] == "resume.chosen" else e
               for e in events]
-    assert account(from_summaries(summarize(forged)), now=999).attempts[0].lost_s == 15
+    assert account(from_summaries(summarized(forged)), now=999).attempts[0].lost_s == 15
     outside = [{**e, "mtime": 130.0} if e["event"] == "resume.chosen" else e for e in events]
-    assert summarize(outside)[0].latest_step == 10
+    assert summarized(outside)[0].latest_step == 10
 
 
 def test_garbage_in_a_summary_is_skipped_not_fatal() -> None:
@@ -196,7 +197,7 @@ def test_made_up_times_in_the_users_events_never_break_the_summary() -> None:
         {"ts": float("inf"), "event": "checkpoint", "attempt": 0, "step": 4, "source": "user"},
         {"ts": 150, "event": "attempt.end", "attempt": 0, "kind": "hang", "source": "root"},
     ]
-    ledger = account(from_summaries(summarize(events)), now=999)
+    ledger = account(from_summaries(summarized(events)), now=999)
     assert [a.kind for a in ledger.attempts] == ["hang"]
     assert 0 <= ledger.ettr <= 1 and ledger.wall_s == 50
 
@@ -208,7 +209,7 @@ def test_a_users_early_claim_does_not_move_roots_start() -> None:
          "context": {"nodes": ["n1"]}},
         {"ts": 150, "event": "attempt.end", "attempt": 0, "kind": "success", "source": "root"},
     ]
-    [summary] = summarize(events)
+    [summary] = summarized(events)
     assert summary.started_at == 100
     assert account(from_summaries([summary]), now=999).wall_s == 50
 
@@ -221,13 +222,16 @@ def test_absurd_steps_in_the_users_events_are_ignored() -> None:
         {"ts": 120, "event": "checkpoint", "attempt": 0, "step": 1e400, "source": "user"},
         {"ts": 150, "event": "attempt.end", "attempt": 0, "kind": "hang", "source": "root"},
     ]
-    [summary] = summarize(events)
+    [summary] = summarized(events)
     assert summary.checkpoints == 2 and summary.latest_step is None
 
 
 def test_the_manifest_merges_events_with_made_up_times() -> None:
     from wrapper.archive.manifest import merge_events
 
-    merged = merge_events([{"ts": 5, "event": "a"}, {"ts": "soon", "event": "b"},
-                           {"ts": float("nan"), "event": "c"}, {"ts": 1e999, "event": "d"}])
-    assert [e["event"] for e in merged][-1] == "a" and len(merged) == 4
+    merged = merge_events([{"ts": 5, "event": "a", "attempt": 0},
+                           {"ts": "soon", "event": "b", "attempt": 0},
+                           {"ts": float("nan"), "event": "c", "attempt": 0},
+                           {"ts": 1e999, "event": "d", "attempt": 0}])
+    last = merged[-1]
+    assert isinstance(last, ev.Unknown) and last.name == "a" and len(merged) == 4

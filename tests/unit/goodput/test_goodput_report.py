@@ -8,11 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.archive.test_archive_cli import archived, jobwrap
+from tests.support.archive import jobwrap
 from wrapper.goodput.accounting import Attempt, Checkpoint, account
 from wrapper.goodput.report import FLAKY_SCORE, JobLedger, build, render
-
-__all__ = ["archived"]  # a fixture, used by name
 
 
 def _job(job_id: str, *attempts: Attempt) -> JobLedger:

@@ -37,6 +37,25 @@ def test_decode_is_tolerant_of_unknown_kinds_and_wrong_types() -> None:
     assert isinstance(ev.decode({}), ev.Unknown)
 
 
+def test_a_line_that_names_no_attempt_is_left_out_of_the_attempts() -> None:
+    """decode reads a missing attempt as 0; decode_attempts (the attempts' story) leaves
+    such a line out, and takes a hook context's attempt where a line has none of its own."""
+    records = [{"event": "checkpoint", "attempt": 2, "step": 1},
+               {"event": "checkpoint", "step": 2},
+               {"event": "checkpoint", "attempt": "2", "step": 3},
+               {"event": "checkpoint", "attempt": True, "step": 4},
+               {"event": "checkpoint", "attempt": 1e999, "step": 5},
+               {"event": "prolog.context", "context": {"attempt": 3}},
+               {"event": "prolog.context", "attempt": None, "context": {"attempt": 4}},
+               {"event": "prolog.context", "attempt": "x", "context": {"attempt": 5}}]
+    assert ev.decode(records[1]).attempt == 0
+    assert [ev.attempt_of(r) for r in records] == [2, None, None, None, None, 3, 4, None]
+    kept = ev.decode_attempts(records)
+    assert [(e.KIND, e.attempt) for e in kept] == [
+        ("checkpoint", 2), ("prolog.context", 3), ("prolog.context", 4)]
+    assert isinstance(kept[1], ev.PrologContext) and kept[1].context == {"attempt": 3}
+
+
 def test_store_queries_read_root_events_only(tmp_path: Path) -> None:
     state = JobState(tmp_path, "12")
     state.prepare(os.getuid(), os.getgid())

@@ -231,7 +231,7 @@ def test_a_newer_node_cache_is_asked_again(tmp_path: Path) -> None:
 
 # -- the archive -------------------------------------------------------------------------------
 def _archived_job(tmp_path: Path) -> tuple[Path, Path]:
-    from tests.unit.archive.test_archive_index import write_job
+    from tests.support.archive import write_job
 
     root = tmp_path / "archive"
     write_job(root, "alice", "7")
@@ -248,7 +248,7 @@ def test_a_newer_manifest_is_refused_by_name_and_an_older_one_read(tmp_path: Pat
     assert f"{job / 'manifest.json'} is in manifest format 2" in str(caught.value)
     # status of a job this node has no state of reads the archive: the same one line,
     # not "no record of job 7"
-    from tests.unit.archive.test_archive_index import config_file
+    from tests.support.archive import config_file
 
     for argv in (["status", "7"], ["archive", "show", "7"]):
         result = CliRunner().invoke(cli, ["--config", config_file(tmp_path), *argv])
@@ -286,7 +286,7 @@ def test_a_newer_archive_part_is_refused_and_an_older_one_read(tmp_path: Path) -
 
 def test_the_indexer_reads_an_older_spool_record_again_and_leaves_a_newer_one(
         tmp_path: Path) -> None:
-    from tests.unit.archive.test_archive_index import config_file
+    from tests.support.archive import config_file
 
     root, _ = _archived_job(tmp_path)
     config = config_file(tmp_path)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.restart.test_epilog_matrix import job_files
-from wrapper.archive.status import render, summarize
+from wrapper.archive.status import render, timeline
 from wrapper.config import Config
 from wrapper.directives import JobOptions
 from wrapper.hooks import Services, task_prolog
@@ -170,7 +170,7 @@ def test_a_resume_that_crashes_falls_back_to_the_previous_checkpoint(tmp_path: P
     said = task_prolog_output(cfg, 2)
     assert f"export JOBWRAP_RESUME_FROM={folder}/ckpt_2.pt\n" in said
     assert f"falling back past the suspect checkpoint {folder}/ckpt_3.pt" in said
-    text = render(JOB, summarize(state.events()))
+    text = render(JOB, timeline(store))
     assert f"checkpoint {folder}/ckpt_3.pt is suspect" in text
     assert f"resumed from {folder}/ckpt_2.pt, falling back past the suspect" in text
     assert (tmp_path / "c" / "ckpt_3.pt").exists()
@@ -218,9 +218,8 @@ def test_the_users_claim_of_a_resume_point_is_not_roots_fact(tmp_path: Path) -> 
 def test_the_manifest_resume_point_is_roots_pick_not_the_users() -> None:
     from wrapper.archive import rerun
 
-    events = [{"event": "attempt.end", "attempt": 1, "source": "root",
-               "checkpoint_path": "/ck/step-3"},
-              {"event": "resume.chosen", "attempt": 2, "source": "user", "path": "/ck/evil"},
-              {"event": "resume.chosen", "attempt": 2, "source": "root", "path": "/ck/step-2"}]
+    events = [ev.AttemptEnd(attempt=1, checkpoint_path="/ck/step-3"),
+              ev.ResumeChosen(attempt=2, source="user", path="/ck/evil"),
+              ev.ResumeChosen(attempt=2, path="/ck/step-2")]
     assert rerun.resume_point(events, 2) == "/ck/step-2"
     assert rerun.resume_point(events[:2], 2) == "/ck/step-3"
