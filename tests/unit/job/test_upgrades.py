@@ -22,8 +22,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.support.epilog import JobFiles
+from tests.support.hooks import FIXTURES, slurm_env
 from tests.support.staging import MakeDataset
-from tests.unit.hooks.test_hooks import FIXTURES, slurm_env
 from wrapper.archive import index as index_mod
 from wrapper.archive import store as archive_store
 from wrapper.cli import cli
