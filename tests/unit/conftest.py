@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import archive as archive_builders
 from tests.support.epilog import CASES, JOB, MAX_RESTARTS, EpilogCase, JobFiles
-from tests.support.staging import HOSTILE
+from tests.support.staging import HOSTILE, Jobs
 from wrapper.config import Config, PathsConfig
 from wrapper.job import events as ev
 from wrapper.job import record as jobrecord
@@ -52,6 +52,13 @@ def make_dataset() -> Callable[..., Path]:
         return root
 
     return make
+
+
+@pytest.fixture
+def jobs(area: Path, user: UserIds) -> Jobs:
+    """Stages job after job on one node, each into its own scratch under ``area``:
+    ``scratch, item = jobs.stage(f"{dataset}:data", cache)``."""
+    return Jobs(area, user)
 
 
 # A job of the test user under ``shared`` as the archive and goodput tests need it. The

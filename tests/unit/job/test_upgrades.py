@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from tests.support.epilog import JobFiles
 from tests.support.hooks import FIXTURES, slurm_env
-from tests.support.staging import MakeDataset
+from tests.support.staging import SETTINGS, Jobs, MakeDataset
 from wrapper.archive import index as index_mod
 from wrapper.archive import store as archive_store
 from wrapper.cli import cli
@@ -36,7 +36,6 @@ from wrapper.job.facts import supervisor_facts
 from wrapper.job.paths import SUPERVISOR_FACTS
 from wrapper.job.state import EVENTS_FORMAT, JobState
 from wrapper.job.store import JobStore
-from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.fake import FakeSlurm
 
@@ -318,14 +317,12 @@ def test_the_indexer_reads_an_older_spool_record_again_and_leaves_a_newer_one(
 
 
 def test_a_newer_staging_cache_entry_is_a_miss_and_filled_again(
-        area: Path, user: UserIds, make_dataset: MakeDataset) -> None:
-    from tests.unit.staging.test_staging_cache import SETTINGS, Jobs
+        area: Path, jobs: Jobs, make_dataset: MakeDataset) -> None:
     from wrapper.staging import Cache
     from wrapper.staging.cache import MARKER, MARKER_FORMAT
 
     dataset = make_dataset(area / "shared" / "ds")
     cache = Cache(area / "cache", max_bytes=64 << 20)
-    jobs = Jobs(area, user)
     _, first = jobs.stage(f"{dataset}:data", cache, SETTINGS)
     [marker] = list((area / "cache" / "entries").glob(f"*/{MARKER}"))
     data = json.loads(marker.read_text())
