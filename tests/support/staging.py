@@ -1,7 +1,8 @@
 """Helpers of the staging tests (unit and adversarial) that are not set-up: the hostile
-name the dataset holds, a byte-for-byte digest, a probe run with a user's rights, and the
-writes a user tries. Their set-up is fixtures: ``area`` and ``tmpfs`` in tests/conftest.py,
-``make_dataset`` in tests/unit/conftest.py.
+name the dataset holds, stage settings with no free-space margin, job after job staged on
+one node, a byte-for-byte digest, a probe run with a user's rights, and the writes a user
+tries. Their set-up is fixtures: ``area`` and ``tmpfs`` in tests/conftest.py,
+``make_dataset`` and ``jobs`` in tests/unit/conftest.py.
 
 The staging tests run as root (as CI does) against the project's test user ``jwtest``,
 because what they prove is what root does on the user's behalf.
@@ -17,15 +18,43 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from wrapper.staging import UserIds
+from wrapper.staging import (
+    Cache,
+    StageItem,
+    StageSettings,
+    UserIds,
+    parse_stage_in,
+    prepare_scratch,
+    stage_in,
+)
 from wrapper.staging.channel import Channel
 from wrapper.staging.privileges import Worker
 
 HOSTILE = "we'ird \"name\"; echo pwned\nline"
+SETTINGS = StageSettings(free_margin_bytes=0)
 
 # The types of the make_dataset and tmpfs fixtures.
 MakeDataset = Callable[..., Path]
 Tmpfs = Callable[..., AbstractContextManager[Path]]
+
+
+class Jobs:
+    """Job after job on one node: each gets its own scratch (the ``jobs`` fixture of
+    tests/unit/conftest.py makes one)."""
+
+    def __init__(self, area: Path, user: UserIds) -> None:
+        self.area, self.user, self.next_id = area, user, 200
+
+    def scratch(self) -> Path:
+        self.next_id += 1
+        return prepare_scratch(self.area / "scratch", str(self.next_id), self.user)
+
+    def stage(self, value: str, cache: Cache | None, settings: StageSettings = SETTINGS,
+              scratch: Path | None = None) -> tuple[Path, StageItem]:
+        scratch = scratch or self.scratch()
+        report = stage_in([parse_stage_in(value)], scratch=scratch, user=self.user,
+                          cache=cache, settings=settings, timeout=120)
+        return scratch, report.items[0]
 
 
 def digest(root: Path, *, modes: bool = True, mtimes: bool = True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -10,13 +11,20 @@ from pathlib import Path
 import pytest
 
 from tests.support import archive as archive_builders
-from tests.support.staging import HOSTILE
+from tests.support.epilog import CASES, JOB, MAX_RESTARTS, EpilogCase, JobFiles
+from tests.support.staging import HOSTILE, Jobs
 from wrapper.archive import archive_attempt
 from wrapper.archive.index import SqliteIndex
-from wrapper.config import Config
+from wrapper.config import Config, PathsConfig
+from wrapper.job import events as ev
+from wrapper.job import record as jobrecord
+from wrapper.job.paths import SUPERVISOR_FACTS
 from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
+from wrapper.job.store import JobStore
 from wrapper.osl.users import UserIds
+from wrapper.slurm.context import JobContext
+from wrapper.slurm.fake import FakeSlurm
 
 
 @pytest.fixture
@@ -46,6 +54,13 @@ def make_dataset() -> Callable[..., Path]:
         return root
 
     return make
+
+
+@pytest.fixture
+def jobs(area: Path, user: UserIds) -> Jobs:
+    """Stages job after job on one node, each into its own scratch under ``area``:
+    ``scratch, item = jobs.stage(f"{dataset}:data", cache)``."""
+    return Jobs(area, user)
 
 
 # A job of the test user under ``shared`` as the archive and goodput tests need it. The
@@ -89,3 +104,63 @@ def archived(shared: Path, user: UserIds) -> str:
                     extra={"slurm": {"JobName": "train"}})
     SqliteIndex(f"{shared}/archive").rebuild()  # as an installed cluster has it
     return cfg_path
+
+
+@pytest.fixture
+def job_files() -> JobFiles:
+    """Writes one job of this user: ``job_files(tmp_path, job_id, output, options)``."""
+
+    def make(tmp_path: Path, job_id: str, output: str, options: dict[str, object]
+             ) -> tuple[Config, JobState, JobRecord]:
+        """A site under ``tmp_path`` and one job's state, record and output (this user's)."""
+        cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state"),
+                                       scratch_root=str(tmp_path / "scratch"),
+                                       archive_root=str(tmp_path / "archive")))
+        state = JobState(tmp_path / "state", job_id)
+        state.prepare(os.getuid(), os.getgid())
+        out = tmp_path / "job.out"
+        out.write_text(output)
+        record = JobRecord(job_id=job_id, user="u", uid=os.getuid(), gid=os.getgid(),
+                           nodes=["n1"], gpus=[0], work_dir=str(tmp_path), stdout=str(out),
+                           stderr=str(out), options=options)
+        state.write_json(jobrecord.RECORD, record.as_dict())
+        return cfg, state, record
+
+    return make
+
+
+@pytest.fixture
+def epilog_case(job_files: JobFiles) -> EpilogCase:
+    """Writes job JOB's attempt as the epilog on n1 finds it once it ended as one of
+    CASES (tests/support/epilog.py), after a history, with requeue allowed or not:
+    ``ctx, cfg, state, record, slurm, gpu_check_failed = epilog_case(tmp_path, kind,
+    history, allowed)``."""
+
+    def make(tmp_path: Path, kind: str, history: str, allowed: bool
+             ) -> tuple[JobContext, Config, JobState, JobRecord, FakeSlurm, bool]:
+        code, slurm_state, tail, extra = CASES[kind]
+        cfg, state, record = job_files(tmp_path, JOB, "step 1\n" + tail,
+                                       {"max_restarts": MAX_RESTARTS})
+        attempt = {"first": 0, "one_failure_before": 1, "at_limit": MAX_RESTARTS}[history]
+        store = JobStore(state)
+        if extra != "prolog_skipped":
+            store.record(ev.PrologContext(node="n1", hook="prolog", attempt=attempt))
+        if history == "one_failure_before":
+            store.record(ev.AttemptEnd(attempt=0, node="n1", kind="user_error",
+                                       detail="exit 1", signature="exit:1:0:",
+                                       decision="requeue"))
+        if extra == "staging_failed":
+            store.record(ev.StagingFailed(attempt=attempt, node="n1", direction="in",
+                                          error="no such dataset"))
+        if extra == "hang_fact":
+            path = state.path / SUPERVISOR_FACTS
+            path.write_text(json.dumps({"event": "hang", "attempt": attempt}) + "\n")
+            path.chmod(0o600)
+        slurm = FakeSlurm(jobs={JOB: {"JobId": JOB, "JobState": slurm_state,
+                                      "Requeue": "1" if allowed else "0"}})
+        ctx = JobContext(hook="epilog", job_id=JOB, user="u", uid=os.getuid(),
+                         gid=os.getgid(), node="n1", nodes=["n1"], gpus=[0], attempt=attempt,
+                         exit_code=code, exit_signal=0)
+        return ctx, cfg, state, record, slurm, extra == "gpu_check_failed"
+
+    return make

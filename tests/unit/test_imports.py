@@ -10,6 +10,10 @@ one fails here).
 - features never import a hook or the CLI (the hooks call them, not the reverse);
 - nothing imports another package's private (``_x``) name.
 See docs/architecture.md.
+
+The tests keep one rule of their own: no module of ``tests/`` imports a test module
+(``test_*.py``). Set-up two test modules share is a fixture in the nearest conftest.py;
+a pure helper or constant is in the ``tests/support`` package.
 """
 
 from __future__ import annotations
@@ -165,3 +169,72 @@ def test_packages_import_each_other_in_no_new_loop() -> None:
 def test_the_loop_finder_finds_a_loop() -> None:
     assert package_loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert package_loops({"a": {"b"}, "b": set()}) == []
+
+
+# -- the tests' own rule: no module imports a test module ------------------------------------
+TESTS = ROOT.parent / "tests"
+
+
+def dotted(path: Path) -> str:
+    """The module name of a file below the checkout (``tests.unit.job.test_upgrades``)."""
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(name: str, is_package: bool, tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, module or module.name) for every import the module ``name`` makes (lazy ones
+    too), relative ones resolved against its package: ``from tests.x import test_y``
+    yields ``tests.x`` and ``tests.x.test_y``, for the name may be a module."""
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            if module:
+                yield node.lineno, module
+            for alias in node.names:
+                yield node.lineno, f"{module}.{alias.name}" if module else alias.name
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def imports_of_test_modules(files: dict[Path, str]) -> list[str]:
+    """``path:line imports tests.x.test_y`` for each import of a test module among
+    ``files`` (path -> source), by any of them."""
+    names = {dotted(path): path for path in files}
+    test_modules = {name for name, path in names.items() if path.name.startswith("test_")}
+    found = set()
+    for name, path in names.items():
+        tree = ast.parse(files[path], str(path))
+        for line, target in imported(name, path.name == "__init__.py", tree):
+            if target in test_modules and target != name:
+                found.add((str(path.relative_to(ROOT.parent)), line, target))
+    return [f"{path}:{line} imports {target}" for path, line, target in sorted(found)]
+
+
+def test_no_module_of_the_tests_imports_a_test_module() -> None:
+    files = {path: path.read_text() for path in sorted(TESTS.rglob("*.py"))}
+    found = imports_of_test_modules(files)
+    assert found == [], "\n".join([
+        "these import a test module; move what they share: set-up to a fixture in the "
+        "nearest conftest.py, a pure helper or constant to tests/support/", *found])
+
+
+def test_the_test_import_checker_sees_every_form() -> None:
+    unit = TESTS / "unit"
+    files = {
+        unit / "a" / "__init__.py": "from . import test_one\n",
+        unit / "a" / "test_one.py": "from tests.unit.b.test_two import helper\n",
+        unit / "a" / "test_three.py": "def f():\n    from .test_one import x\n",
+        unit / "a" / "conftest.py": "import tests.unit.b.test_two as two\n",
+        unit / "b" / "test_two.py": "from ..a import test_one\nfrom tests.support import x\n",
+        unit / "b" / "conftest.py": "from tests.unit.b import helpers\n",
+    }
+    assert imports_of_test_modules(files) == [
+        "tests/unit/a/__init__.py:1 imports tests.unit.a.test_one",
+        "tests/unit/a/conftest.py:1 imports tests.unit.b.test_two",
+        "tests/unit/a/test_one.py:1 imports tests.unit.b.test_two",
+        "tests/unit/a/test_three.py:2 imports tests.unit.a.test_one",
+        "tests/unit/b/test_two.py:1 imports tests.unit.a.test_one",
+    ]

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.checkpoints import NOW, OLD, find, name_of, reasons, zip_bytes
 from wrapper.checkpoints import Checkpoint, Discovery, Skipped, latest_valid
 from wrapper.checkpoints.layout import Layout, registered
 from wrapper.checkpoints.listing import temp_key
@@ -24,20 +25,6 @@ from wrapper.checkpoints.ziptail import zip_problem
 from wrapper.errors import JobwrapError, UserInputError
 
 REPO = Path(__file__).resolve().parents[3]
-OLD = 1_700_000_000.0  # every file is made this old, so that it has settled ...
-NOW = OLD + 3600.0  # ... when discovery looks at NOW
-
-
-def zip_bytes(payload: bytes = b"weights" * 50, comment: bytes = b"",
-              members: int = 2) -> bytes:
-    """A zip archive shaped like a torch.save file: ``members`` (>= 1) files in ``archive/``."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-        archive.writestr("archive/data.pkl", payload)
-        for i in range(1, members):
-            archive.writestr(f"archive/data/{i}", payload[::-1])
-        archive.comment = comment
-    return buffer.getvalue()
 
 
 def safetensors_bytes(tensors: int = 2, size: int = 16) -> bytes:
@@ -82,19 +69,6 @@ def put_dir(path: Path, files: dict[str, bytes], mtime: float = OLD) -> Path:
         put(path / name, data, mtime)
     settle(path, mtime)
     return path
-
-
-def find(directory: Path, glob: str | None = None, marker: str | None = None) -> Discovery:
-    """Discovery as a requeued job's next attempt sees it: everything written long ago."""
-    return latest_valid(directory, glob=glob, marker=marker, now=NOW)
-
-
-def name_of(found: Discovery) -> str | None:
-    return Path(found.latest.path).name if found.latest else None
-
-
-def reasons(found: Discovery) -> dict[str, str]:
-    return {Path(s.path).name: s.reason for s in found.skipped}
 
 
 # -- zip tails ---------------------------------------------------------------------------

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import framework_python
-from tests.unit.checkpoints.test_checkpoints import NOW, OLD, name_of, reasons, zip_bytes
-from tests.unit.checkpoints.test_checkpoints import find as find_settled
+from tests.support.checkpoints import NOW, OLD, name_of, reasons, zip_bytes
+from tests.support.checkpoints import find as find_settled
 from wrapper.checkpoints import Discovery
 from wrapper.checkpoints.dcpmeta import storage_extents
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.hooks.test_hooks import FIXTURES, slurm_env
+from tests.support.hooks import FIXTURES, slurm_env
 from wrapper.entry import hook_of
 from wrapper.job.state import JobState
 

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hooks import FIXTURES, slurm_env
 from wrapper.hooks import run_hook
 from wrapper.job.state import JobState
-
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 
 
 @pytest.fixture
@@ -21,15 +20,6 @@ def site(tmp_path: Path) -> dict[str, Path]:
                       f'[gpu]\nbackend = "fake"\nfake_inventory = "{FIXTURES}/healthy-4.toml"\n')
     return {"config": config, "state": tmp_path / "state", "log": tmp_path / "jobwrap.log",
             "scratch": tmp_path / "scratch"}
-
-
-def slurm_env(hook: str, **extra: str) -> dict[str, str]:
-    env = {"SLURM_JOB_ID": "31", "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0",
-           "SLURM_JOB_GID": "0", "SLURMD_NODENAME": "n1", "SLURM_NODELIST": "n1",
-           "SLURM_JOB_GPUS": "1,3", "SLURM_JOB_RESTART_COUNT": "1"}
-    if hook != "task-prolog":
-        env["SLURM_SCRIPT_CONTEXT"] = f"{hook}_slurmd"
-    return {**env, **extra}
 
 
 def test_prolog_records_the_context(site: dict[str, Path]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.restart.test_epilog_matrix import JOB, setup
+from tests.support.epilog import JOB, EpilogCase
 from wrapper.config import ChecksConfig
 from wrapper.hooks import Services
 from wrapper.hooks import epilog as epilog_mod
@@ -31,8 +31,9 @@ from wrapper.slurm.context import JobContext
 
 @pytest.mark.parametrize("action", ["requeue", "run"])
 def test_another_nodes_epilog_keeps_the_next_attempt_off_it(tmp_path: Path,
+                                                           epilog_case: EpilogCase,
                                                            action: str) -> None:
-    _ctx, cfg, state, _record, slurm, _ = setup(tmp_path, "user_error", "first", True)
+    _ctx, cfg, state, _record, slurm, _ = epilog_case(tmp_path, "user_error", "first", True)
     cfg = cfg.replace(checks=ChecksConfig(epilog=False),
                       hooks=cfg.hooks.replace(unchecked_attempt=action))
     store = JobStore(state)
@@ -56,8 +57,9 @@ def test_another_nodes_epilog_keeps_the_next_attempt_off_it(tmp_path: Path,
     assert not slurm.did("requeue")  # the requeue is the first node's decision
 
 
-def test_a_node_whose_prolog_ran_marks_nothing(tmp_path: Path) -> None:
-    _ctx, cfg, state, _record, slurm, _ = setup(tmp_path, "user_error", "first", True)
+def test_a_node_whose_prolog_ran_marks_nothing(tmp_path: Path,
+                                               epilog_case: EpilogCase) -> None:
+    _ctx, cfg, state, _record, slurm, _ = epilog_case(tmp_path, "user_error", "first", True)
     cfg = cfg.replace(checks=ChecksConfig(epilog=False))
     store = JobStore(state)
     store.record(ev.PrologContext(node="n2", hook="prolog", attempt=0))
@@ -71,10 +73,11 @@ def test_a_node_whose_prolog_ran_marks_nothing(tmp_path: Path) -> None:
     assert spawned == []
 
 
-def test_the_jobs_own_words_cannot_pass_for_a_skipped_prolog(tmp_path: Path) -> None:
+def test_the_jobs_own_words_cannot_pass_for_a_skipped_prolog(
+        tmp_path: Path, epilog_case: EpilogCase) -> None:
     """The gate's line printed by the job, and a user event claiming the skip, with root's
     prolog record present: the job's own failure, counted against it."""
-    ctx, cfg, state, record, slurm, _ = setup(tmp_path, "user_error", "first", True)
+    ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, "user_error", "first", True)
     Path(record.stdout).write_text(
         "jobwrap: the job did not start on n1: jobwrap's prolog did not run on n1 for "
         "attempt 0 (slurmd before 23.02 skips it ...)\n")
@@ -87,8 +90,9 @@ def test_the_jobs_own_words_cannot_pass_for_a_skipped_prolog(tmp_path: Path) -> 
     assert decision.exclude_nodes == []
 
 
-def test_with_unchecked_attempt_run_the_attempt_is_judged_as_it_ran(tmp_path: Path) -> None:
-    ctx, cfg, state, record, slurm, _ = setup(tmp_path, "unchecked", "first", True)
+def test_with_unchecked_attempt_run_the_attempt_is_judged_as_it_ran(
+        tmp_path: Path, epilog_case: EpilogCase) -> None:
+    ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, "unchecked", "first", True)
     cfg = cfg.replace(hooks=cfg.hooks.replace(unchecked_attempt="run"))
     Path(record.stdout).write_text("ValueError: bad input\n")
     decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.support.staging import MakeDataset
-from tests.unit.hooks.test_hooks import FIXTURES, slurm_env
-from tests.unit.restart.test_epilog_matrix import job_files
+from tests.support.epilog import JobFiles
+from tests.support.hooks import FIXTURES, slurm_env
+from tests.support.staging import SETTINGS, Jobs, MakeDataset
 from wrapper.archive import index as index_mod
 from wrapper.archive import store as archive_store
 from wrapper.cli import cli
@@ -36,7 +36,6 @@ from wrapper.job.facts import supervisor_facts
 from wrapper.job.paths import SUPERVISOR_FACTS
 from wrapper.job.state import EVENTS_FORMAT, JobState
 from wrapper.job.store import JobStore
-from wrapper.osl.users import UserIds
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.fake import FakeSlurm
 
@@ -70,7 +69,7 @@ def test_absent_is_format_1_and_newer_is_refused_with_what_to_do(tmp_path: Path)
 
 
 # -- the job's events -----------------------------------------------------------------------
-def test_event_lines_without_a_version_are_read(tmp_path: Path) -> None:
+def test_event_lines_without_a_version_are_read(tmp_path: Path, job_files: JobFiles) -> None:
     """Every line written before formats were numbered (all of them, so far) is format 1."""
     _, state, _ = job_files(tmp_path, "51", "", {})
     _append_raw(state.path / "events.jsonl", {"ts": 1.0, "event": "prolog.context",
@@ -81,7 +80,8 @@ def test_event_lines_without_a_version_are_read(tmp_path: Path) -> None:
     assert JobStore(state).current_attempt() == 1
 
 
-def test_a_newer_line_in_roots_events_is_refused_by_name(tmp_path: Path) -> None:
+def test_a_newer_line_in_roots_events_is_refused_by_name(tmp_path: Path,
+                                                         job_files: JobFiles) -> None:
     _, state, _ = job_files(tmp_path, "52", "", {})
     state.append("prolog.context", node="n1", hook="prolog", attempt=0)
     _append_raw(state.path / "events.jsonl", {"ts": time.time(), "event": "attempt.end",
@@ -92,7 +92,8 @@ def test_a_newer_line_in_roots_events_is_refused_by_name(tmp_path: Path) -> None
     assert f"event line format {EVENTS_FORMAT + 1}" in str(caught.value)
 
 
-def test_a_newer_line_in_the_users_events_is_skipped(tmp_path: Path) -> None:
+def test_a_newer_line_in_the_users_events_is_skipped(tmp_path: Path,
+                                                     job_files: JobFiles) -> None:
     """The job's user writes what they like there: a number cannot stop root's reader."""
     _, state, _ = job_files(tmp_path, "53", "", {})
     state.append("prolog.context", node="n1", hook="prolog", attempt=0)
@@ -103,7 +104,8 @@ def test_a_newer_line_in_the_users_events_is_skipped(tmp_path: Path) -> None:
     assert kinds == ["prolog.context", "checkpoint"]
 
 
-def test_a_newer_line_in_the_supervisors_facts_is_refused(tmp_path: Path) -> None:
+def test_a_newer_line_in_the_supervisors_facts_is_refused(tmp_path: Path,
+                                                          job_files: JobFiles) -> None:
     _, state, _ = job_files(tmp_path, "54", "", {})
     facts = state.path / SUPERVISOR_FACTS
     _append_raw(facts, {"event": "hang", "attempt": 0})
@@ -114,7 +116,8 @@ def test_a_newer_line_in_the_supervisors_facts_is_refused(tmp_path: Path) -> Non
         supervisor_facts(state, 0)
 
 
-def test_a_kind_this_version_does_not_know_is_skipped_by_the_epilog(tmp_path: Path) -> None:
+def test_a_kind_this_version_does_not_know_is_skipped_by_the_epilog(
+        tmp_path: Path, job_files: JobFiles) -> None:
     """A newer jobwrap adds a kind within the same format: this one reads it as Unknown,
     decides from the rest, and shows the rest."""
     cfg, state, record = job_files(tmp_path, "55", "step 1\nValueError: bad input\n",
@@ -140,7 +143,7 @@ def test_a_kind_this_version_does_not_know_is_skipped_by_the_epilog(tmp_path: Pa
 
 # -- the job's record ------------------------------------------------------------------------
 def test_the_job_record_without_a_format_is_read_and_a_newer_one_refused(
-        tmp_path: Path) -> None:
+        tmp_path: Path, job_files: JobFiles) -> None:
     _, state, record = job_files(tmp_path, "56", "", {})  # written as before: no format
     assert "format" not in json.loads((state.path / jobrecord.RECORD).read_text())
     assert jobrecord.load(state) == record
@@ -314,14 +317,12 @@ def test_the_indexer_reads_an_older_spool_record_again_and_leaves_a_newer_one(
 
 
 def test_a_newer_staging_cache_entry_is_a_miss_and_filled_again(
-        area: Path, user: UserIds, make_dataset: MakeDataset) -> None:
-    from tests.unit.staging.test_staging_cache import SETTINGS, Jobs
+        area: Path, jobs: Jobs, make_dataset: MakeDataset) -> None:
     from wrapper.staging import Cache
     from wrapper.staging.cache import MARKER, MARKER_FORMAT
 
     dataset = make_dataset(area / "shared" / "ds")
     cache = Cache(area / "cache", max_bytes=64 << 20)
-    jobs = Jobs(area, user)
     _, first = jobs.stage(f"{dataset}:data", cache, SETTINGS)
     [marker] = list((area / "cache" / "entries").glob(f"*/{MARKER}"))
     data = json.loads(marker.read_text())

@@ -9,7 +9,6 @@ record their calls. What is checked is what root wrote (``attempt.end``) and did
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from datetime import datetime
@@ -17,39 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from wrapper.config import Config, PathsConfig
+from tests.support.epilog import CASES, JOB, EpilogCase
 from wrapper.hooks import Services
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.job import events as ev
-from wrapper.job import record as jobrecord
-from wrapper.job.paths import SUPERVISOR_FACTS
-from wrapper.job.record import JobRecord
-from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.fake import FakeSlurm
 
-JOB = "77"
-MAX_RESTARTS = 3
-# class -> how the attempt ends: (exit code, Slurm JobState, output tail, extra setup)
-CASES: dict[str, tuple[int, str, str, str]] = {
-    "success": (0, "COMPLETED", "done\n", ""),
-    "hardware": (1, "FAILED", "", "gpu_check_failed"),
-    "node_failure": (1, "NODE_FAIL", "", ""),
-    "hang": (137, "FAILED", "", "hang_fact"),
-    "collective_timeout": (1, "FAILED", "NCCL watchdog: collective operation timed out\n",
-                           ""),
-    "killed": (137, "FAILED", "srun: error: n2: task 1: Killed\n", ""),
-    "cuda_oom": (1, "FAILED", "torch.OutOfMemoryError: CUDA out of memory\n", ""),
-    "host_oom": (1, "OUT_OF_MEMORY", "", ""),
-    "walltime": (0, "TIMEOUT", "", ""),
-    "preempted": (0, "PREEMPTED", "", ""),
-    "cancelled": (0, "CANCELLED", "", ""),
-    "staging": (1, "FAILED", "", "staging_failed"),
-    # Slurm ran no prolog on n1 for the attempt; the task-prolog ended it there
-    "unchecked": (1, "FAILED", "jobwrap: the job did not start on n1\n", "prolog_skipped"),
-    "user_error": (1, "FAILED", "ValueError: bad input\n", ""),
-}
 HISTORIES = ("first", "one_failure_before", "at_limit")
 NOT_COUNTED = {"hardware", "node_failure", "preempted", "unchecked"}
 NEVER_RETRIED = {"success", "cancelled", "staging", "cuda_oom"}
@@ -68,56 +42,12 @@ def expected(kind: str, history: str, allowed: bool) -> str:
     return "requeue"
 
 
-def job_files(tmp_path: Path, job_id: str, output: str, options: dict[str, object]
-              ) -> tuple[Config, JobState, JobRecord]:
-    """A site under ``tmp_path`` and one job's state, record and output (this user's)."""
-    cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state"),
-                                   scratch_root=str(tmp_path / "scratch"),
-                                   archive_root=str(tmp_path / "archive")))
-    state = JobState(tmp_path / "state", job_id)
-    state.prepare(os.getuid(), os.getgid())
-    out = tmp_path / "job.out"
-    out.write_text(output)
-    record = JobRecord(job_id=job_id, user="u", uid=os.getuid(), gid=os.getgid(),
-                       nodes=["n1"], gpus=[0], work_dir=str(tmp_path), stdout=str(out),
-                       stderr=str(out), options=options)
-    state.write_json(jobrecord.RECORD, record.as_dict())
-    return cfg, state, record
-
-
-def setup(tmp_path: Path, kind: str, history: str, allowed: bool
-          ) -> tuple[JobContext, Config, JobState, JobRecord, FakeSlurm, bool]:
-    code, slurm_state, tail, extra = CASES[kind]
-    cfg, state, record = job_files(tmp_path, JOB, "step 1\n" + tail,
-                                   {"max_restarts": MAX_RESTARTS})
-    attempt = {"first": 0, "one_failure_before": 1, "at_limit": MAX_RESTARTS}[history]
-    store = JobStore(state)
-    if extra != "prolog_skipped":
-        store.record(ev.PrologContext(node="n1", hook="prolog", attempt=attempt))
-    if history == "one_failure_before":
-        store.record(ev.AttemptEnd(attempt=0, node="n1", kind="user_error", detail="exit 1",
-                                   signature="exit:1:0:", decision="requeue"))
-    if extra == "staging_failed":
-        store.record(ev.StagingFailed(attempt=attempt, node="n1", direction="in",
-                                      error="no such dataset"))
-    if extra == "hang_fact":
-        path = state.path / SUPERVISOR_FACTS
-        path.write_text(json.dumps({"event": "hang", "attempt": attempt}) + "\n")
-        path.chmod(0o600)
-    slurm = FakeSlurm(jobs={JOB: {"JobId": JOB, "JobState": slurm_state,
-                                  "Requeue": "1" if allowed else "0"}})
-    ctx = JobContext(hook="epilog", job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(),
-                     node="n1", nodes=["n1"], gpus=[0], attempt=attempt, exit_code=code,
-                     exit_signal=0)
-    return ctx, cfg, state, record, slurm, extra == "gpu_check_failed"
-
-
 @pytest.mark.parametrize("allowed", [True, False], ids=["requeue_allowed", "no_requeue"])
 @pytest.mark.parametrize("history", HISTORIES)
 @pytest.mark.parametrize("kind", sorted(CASES))
-def test_epilog_decision_matrix(tmp_path: Path, kind: str, history: str,
-                                allowed: bool) -> None:
-    ctx, cfg, state, record, slurm, gpu_failed = setup(tmp_path, kind, history, allowed)
+def test_epilog_decision_matrix(tmp_path: Path, epilog_case: EpilogCase, kind: str,
+                                history: str, allowed: bool) -> None:
+    ctx, cfg, state, record, slurm, gpu_failed = epilog_case(tmp_path, kind, history, allowed)
     spawned: list[Sequence[str]] = []
     services = Services(cfg, slurm_factory=lambda: slurm, spawn=spawned.append,
                         gpu_confirm=lambda node, gpus: [])
@@ -145,8 +75,9 @@ def test_epilog_decision_matrix(tmp_path: Path, kind: str, history: str,
         requeued and kind in ("killed", "user_error", "collective_timeout", "hang"))
 
 
-def test_a_refused_requeue_is_recorded_not_raised(tmp_path: Path) -> None:
-    ctx, cfg, state, record, slurm, _ = setup(tmp_path, "node_failure", "first", True)
+def test_a_refused_requeue_is_recorded_not_raised(tmp_path: Path,
+                                                 epilog_case: EpilogCase) -> None:
+    ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, "node_failure", "first", True)
     slurm.refuse_requeue = "Requested operation is presently disabled"
     spawned: list[Sequence[str]] = []
     decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
@@ -156,10 +87,11 @@ def test_a_refused_requeue_is_recorded_not_raised(tmp_path: Path) -> None:
     assert spawned == []
 
 
-def test_a_reported_gpu_fault_is_hardware_only_once_root_confirms(tmp_path: Path) -> None:
+def test_a_reported_gpu_fault_is_hardware_only_once_root_confirms(
+        tmp_path: Path, epilog_case: EpilogCase) -> None:
     for confirmed in ([], ["xid gpu0: Xid 79"]):
-        ctx, cfg, state, record, slurm, _ = setup(tmp_path / str(len(confirmed)), "user_error",
-                                                  "first", True)
+        ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path / str(len(confirmed)),
+                                                        "user_error", "first", True)
         Path(record.stdout).write_text("Xid 79: GPU has fallen off the bus\n")
         asked: list[tuple[str, list[int]]] = []
 
@@ -182,13 +114,13 @@ def test_a_reported_gpu_fault_is_hardware_only_once_root_confirms(tmp_path: Path
 
 @pytest.mark.parametrize("n2", ["down", "back", "fine"])
 def test_a_job_slurm_requeued_itself_is_released_never_requeued_twice(
-        tmp_path: Path, n2: str) -> None:
+        tmp_path: Path, epilog_case: EpilogCase, n2: str) -> None:
     """n2's slurmd died: Slurm marked it down, ended the job and requeued it itself, so
     the surviving first node's epilog sees exit 0 and a PENDING job. That attempt is a
     node failure excluding n2 (not a success), and only the release is left to do; also
     when n2 is already back (rebooted: its slurmd started after the attempt began)."""
     lost = n2 != "fine"
-    ctx, cfg, state, record, _, _ = setup(tmp_path, "success", "first", True)
+    ctx, cfg, state, record, _, _ = epilog_case(tmp_path, "success", "first", True)
     began = min(e.ts for e in JobStore(state).root_events() if isinstance(e, ev.PrologContext))
     slurmd_start = datetime.fromtimestamp(began + (60 if n2 == "back" else -3600))
     n2_record = {"State": "DOWN*", "Reason": "Not responding [slurm@2026-12-03T12:00:00]"} \

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.restart.test_epilog_matrix import job_files
+from tests.support.epilog import JobFiles
 from wrapper.archive.status import render, timeline
 from wrapper.config import Config
 from wrapper.directives import JobOptions
@@ -117,7 +117,7 @@ def test_the_lookup_passes_over_a_suspect_and_what_was_newer_when_judged(
 
 
 # -- one job through the hook bodies ------------------------------------------------------
-def job(tmp_path: Path) -> tuple[Config, JobState, JobRecord]:
+def job(job_files: JobFiles, tmp_path: Path) -> tuple[Config, JobState, JobRecord]:
     return job_files(tmp_path, JOB, "resuming\nValueError: poisoned checkpoint\n",
                      {"max_restarts": 4, "checkpoint_dir": str(tmp_path / "c"),
                       "checkpoint_glob": GLOB})
@@ -143,8 +143,9 @@ def task_prolog_output(cfg: Config, attempt: int) -> str:
     return out.getvalue()
 
 
-def test_a_resume_that_crashes_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
-    cfg, state, record = job(tmp_path)
+def test_a_resume_that_crashes_falls_back_to_the_previous_checkpoint(
+        tmp_path: Path, job_files: JobFiles) -> None:
+    cfg, state, record = job(job_files, tmp_path)
     store = JobStore(state)
     write_ckpts(tmp_path / "c", [1, 2, 3], time.time() - 1000)
     folder = str(tmp_path / "c")
@@ -176,8 +177,9 @@ def test_a_resume_that_crashes_falls_back_to_the_previous_checkpoint(tmp_path: P
     assert (tmp_path / "c" / "ckpt_3.pt").exists()
 
 
-def test_no_older_checkpoint_means_no_suspect_and_the_usual_rules(tmp_path: Path) -> None:
-    cfg, state, record = job(tmp_path)
+def test_no_older_checkpoint_means_no_suspect_and_the_usual_rules(
+        tmp_path: Path, job_files: JobFiles) -> None:
+    cfg, state, record = job(job_files, tmp_path)
     store = JobStore(state)
     write_ckpts(tmp_path / "c", [3], time.time() - 1000)
     store.record(ev.AttemptEnd(attempt=0, node="n1", kind=USER_ERROR, checkpoint_step=3,
@@ -190,8 +192,9 @@ def test_no_older_checkpoint_means_no_suspect_and_the_usual_rules(tmp_path: Path
     assert store.suspects() == []
 
 
-def test_progress_after_the_resume_is_not_a_suspect(tmp_path: Path) -> None:
-    cfg, state, record = job(tmp_path)
+def test_progress_after_the_resume_is_not_a_suspect(tmp_path: Path,
+                                                    job_files: JobFiles) -> None:
+    cfg, state, record = job(job_files, tmp_path)
     store = JobStore(state)
     write_ckpts(tmp_path / "c", [1, 2], time.time() - 1000)
     store.record(ev.PrologContext(node="n1", attempt=1))
@@ -201,8 +204,9 @@ def test_progress_after_the_resume_is_not_a_suspect(tmp_path: Path) -> None:
     assert action == "requeue" and store.suspects() == []
 
 
-def test_the_users_claim_of_a_resume_point_is_not_roots_fact(tmp_path: Path) -> None:
-    cfg, state, record = job(tmp_path)
+def test_the_users_claim_of_a_resume_point_is_not_roots_fact(
+        tmp_path: Path, job_files: JobFiles) -> None:
+    cfg, state, record = job(job_files, tmp_path)
     store = JobStore(state)
     write_ckpts(tmp_path / "c", [1, 2, 3], time.time() - 1000)
     store.record(ev.PrologContext(node="n1", attempt=1))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.restart.test_epilog_matrix import JOB, setup
+from tests.support.epilog import JOB, EpilogCase
 from wrapper.hooks import Services
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.job import events as ev
@@ -25,9 +25,9 @@ from wrapper.slurm.context import JobContext
 from wrapper.slurm.records import SlurmJob
 
 
-def _decide(tmp_path: Path, kind: str, restarts: str | None
+def _decide(epilog_case: EpilogCase, tmp_path: Path, kind: str, restarts: str | None
             ) -> tuple[Decision, list[ev.Event], list[Sequence[str]], list[tuple[str, ...]], str]:
-    ctx, cfg, state, record, slurm, gpu_failed = setup(tmp_path, kind, "first", True)
+    ctx, cfg, state, record, slurm, gpu_failed = epilog_case(tmp_path, kind, "first", True)
     if restarts is not None:
         slurm.jobs[JOB]["Restarts"] = restarts
     spawned: list[Sequence[str]] = []
@@ -42,8 +42,9 @@ def _decide(tmp_path: Path, kind: str, restarts: str | None
 # or as anything else would: whatever the class, Slurm already requeued the job.
 @pytest.mark.parametrize("kind", ["walltime", "cancelled", "success", "user_error", "hang"])
 def test_a_job_requeued_without_jobwrap_is_not_requeued_twice(tmp_path: Path,
+                                                              epilog_case: EpilogCase,
                                                               kind: str) -> None:
-    decision, events, spawned, requeues, told = _decide(tmp_path, kind, "1")
+    decision, events, spawned, requeues, told = _decide(epilog_case, tmp_path, kind, "1")
     assert requeues == []  # Slurm is not asked a second time
     external = [e for e in events if isinstance(e, ev.RequeuedWithoutJobwrap)]
     assert [(e.attempt, e.restarts, e.kind) for e in external] == [(0, 1, kind)]
@@ -56,16 +57,18 @@ def test_a_job_requeued_without_jobwrap_is_not_requeued_twice(tmp_path: Path,
     assert f"jobwrap: attempt 0 ended: {kind}" in told and "does not requeue it again" in told
 
 
-def test_jobwrap_requeues_once_when_slurm_has_not_counted_a_requeue(tmp_path: Path) -> None:
-    decision, events, spawned, requeues, _ = _decide(tmp_path, "walltime", "0")
+def test_jobwrap_requeues_once_when_slurm_has_not_counted_a_requeue(
+        tmp_path: Path, epilog_case: EpilogCase) -> None:
+    decision, events, spawned, requeues, _ = _decide(epilog_case, tmp_path, "walltime", "0")
     assert decision.action == "requeue" and requeues == [("requeue", JOB)]
     assert len(spawned) == 1
     assert not [e for e in events if isinstance(e, ev.RequeuedWithoutJobwrap)]
 
 
-def test_an_unreadable_restart_count_is_no_requeue_by_anyone_else(tmp_path: Path) -> None:
+def test_an_unreadable_restart_count_is_no_requeue_by_anyone_else(
+        tmp_path: Path, epilog_case: EpilogCase) -> None:
     for n, text in enumerate((None, "", "x", "99999999999")):
-        _, events, _, requeues, _ = _decide(tmp_path / str(n), "walltime", text)
+        _, events, _, requeues, _ = _decide(epilog_case, tmp_path / str(n), "walltime", text)
         assert requeues == [("requeue", JOB)], text
         assert not [e for e in events if isinstance(e, ev.RequeuedWithoutJobwrap)]
 
@@ -90,10 +93,11 @@ def test_a_faulty_node_stays_excluded_when_the_job_requeued_itself() -> None:
         "for was saved (/ck/step_110")
 
 
-def test_the_ended_attempt_is_the_one_root_started_here(tmp_path: Path) -> None:
+def test_the_ended_attempt_is_the_one_root_started_here(tmp_path: Path,
+                                                        epilog_case: EpilogCase) -> None:
     """Slurm counts a requeue made while the job ran at once: the epilog's environment
     says attempt 1 for the attempt 0 that ran; root's prolog record of the node says 0."""
-    ctx, _cfg, state, _record, _slurm, _ = setup(tmp_path, "walltime", "first", True)
+    ctx, _cfg, state, _record, _slurm, _ = epilog_case(tmp_path, "walltime", "first", True)
     store = JobStore(state)
     later = JobContext(**{**ctx.__dict__, "attempt": 1})
     assert ended_attempt(later, store).attempt == 0
@@ -106,12 +110,12 @@ def test_the_ended_attempt_is_the_one_root_started_here(tmp_path: Path) -> None:
     assert ended_attempt(later, empty) == later  # no prolog record here: Slurm's count
 
 
-def test_a_skipped_prolog_is_no_requeue(tmp_path: Path) -> None:
+def test_a_skipped_prolog_is_no_requeue(tmp_path: Path, epilog_case: EpilogCase) -> None:
     """slurmd skipped the Prolog of attempt 1 on n1 (the job back on it within seconds; its
     credential cache held the job id): root's only prolog record here is attempt 0's, whose
     epilog here already ran. The epilog is about attempt 1, Slurm's count, and the
     decision must not take the job's own requeue for one (CI, 22.05)."""
-    ctx, _cfg, state, _record, _slurm, _ = setup(tmp_path, "success", "first", True)
+    ctx, _cfg, state, _record, _slurm, _ = epilog_case(tmp_path, "success", "first", True)
     store = JobStore(state)
     store.record(ev.EpilogContext(node="n1", hook="epilog", attempt=0))
     later = JobContext(**{**ctx.__dict__, "attempt": 1})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.restart.test_epilog_matrix import JOB, setup
+from tests.support.epilog import JOB, EpilogCase
 from wrapper.config import Config, PathsConfig
 from wrapper.directives import parse_args
 from wrapper.hooks import Services
@@ -73,8 +73,9 @@ def test_the_hint_names_what_jobwrap_run_would_have_kept(kind: str, action: str,
     assert not hint or "`jobwrap run -- CMD`" in hint
 
 
-def test_a_job_under_jobwrap_run_is_not_told_to_use_it(tmp_path: Path) -> None:
-    ctx, cfg, state, record, slurm, _ = setup(tmp_path, "killed", "first", True)
+def test_a_job_under_jobwrap_run_is_not_told_to_use_it(tmp_path: Path,
+                                                       epilog_case: EpilogCase) -> None:
+    ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, "killed", "first", True)
     JobStore(state).record(ev.RunStarted(attempt=0, node="n1", command="srun train.py"))
     decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
                                  services=Services(cfg, spawn=lambda argv: None))

@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from tests.support.staging import MakeDataset, Tmpfs, as_user, digest, try_write
+from tests.support.staging import (
+    SETTINGS,
+    Jobs,
+    MakeDataset,
+    Tmpfs,
+    as_user,
+    digest,
+    try_write,
+)
 from wrapper.config import StagingConfig
 from wrapper.errors import UserInputError
 from wrapper.staging import (
@@ -30,7 +38,6 @@ from wrapper.staging import (
 )
 from wrapper.staging.tree import SourceTree
 
-SETTINGS = StageSettings(free_margin_bytes=0)
 MIB = 1 << 20
 MS = 1_000_000  # what a tar keeps of an mtime, safely
 
@@ -38,29 +45,6 @@ MS = 1_000_000  # what a tar keeps of an mtime, safely
 @pytest.fixture
 def cache(area: Path) -> Cache:
     return Cache(area / "cache", max_bytes=64 * MIB)
-
-
-class Jobs:
-    """Job after job on one node: each gets its own scratch."""
-
-    def __init__(self, area: Path, user: UserIds) -> None:
-        self.area, self.user, self.next_id = area, user, 200
-
-    def scratch(self) -> Path:
-        self.next_id += 1
-        return prepare_scratch(self.area / "scratch", str(self.next_id), self.user)
-
-    def stage(self, value: str, cache: Cache | None, settings: StageSettings = SETTINGS,
-              scratch: Path | None = None) -> tuple[Path, StageItem]:
-        scratch = scratch or self.scratch()
-        report = stage_in([parse_stage_in(value)], scratch=scratch, user=self.user,
-                          cache=cache, settings=settings, timeout=120)
-        return scratch, report.items[0]
-
-
-@pytest.fixture
-def jobs(area: Path, user: UserIds) -> Jobs:
-    return Jobs(area, user)
 
 
 def test_the_second_job_is_served_from_the_cache(jobs: Jobs, dataset: Path, cache: Cache,

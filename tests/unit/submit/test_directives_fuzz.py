@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.lua import luarun
-from tests.unit.submit.test_lua_agreement import lua_verdicts, python_verdict
+from tests.support.submit import lua_verdicts, python_verdict
 from wrapper.directives import (
     HEADER_BYTES,
     MAX_HANG_TIMEOUT,
