@@ -24,7 +24,7 @@ fire in the same launch):
 | xid | Xid 79 in rank 1's node's fake GPU inventory | hardware |
 | node_loss | rank 1's node: slurmd SIGKILLed, its step frozen; after Slurm marks the node
   down the frozen processes are killed and slurmd restarted (a repaired node) | node_failure |
-| walltime | the job's time limit lowered to 2-2.5 min from now (a limit known ahead, as a
+| walltime | the job's time limit lowered to 70-85 s from now (a limit known ahead, as a
   real one is: the supervisor asks Slurm once a minute) | walltime, or saved and requeued |
 
 Ground truth is the job's own step lines: ETTR = the step time of the steps finally kept
@@ -195,7 +195,7 @@ class Run:
             return
         if kind == "walltime":
             if not 35 <= self.run_seconds() % 60 <= 50:
-                return  # the limit (whole minutes) then falls 130-145 s from now
+                return  # the limit (whole minutes) then falls 70-85 s from now
         elif reached % job.SAVE_EVERY != job.SAVE_EVERY // 2:
             return  # mid-way between two checkpoints: half an interval to lose
         fault = Fault(kind, time.time(), launch.id, launch.attempt, reached)
@@ -261,7 +261,7 @@ class Run:
         return ((int(days or 0) * 24 + h) * 60 + m) * 60 + s
 
     def do_walltime(self, launch: Launch) -> None:
-        minutes = math.ceil(self.run_seconds() / 60) + 2
+        minutes = math.ceil(self.run_seconds() / 60) + 1
         self.sh("scontrol", "update", f"JobId={self.job}", f"TimeLimit={minutes}", check=True)
 
         def repair() -> bool:  # the limit was this attempt's only
