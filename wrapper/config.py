@@ -281,7 +281,7 @@ class SupervisorConfig(Section):
                              "a job's cadence is not learned yet (PyTorch's longest collective "
                              "timeout, gloo's 30 min).", positive=True)
     hang_min: float = _opt(300.0, "Seconds without progress that are never a hang once a "
-                           "job's cadence is learned (20 signs of progress seen): half of "
+                           "job's cadence is learned (20 gaps and a save seen): half of "
                            "NCCL's 10 min watchdog, so the stacks are read before it aborts.",
                            positive=True)
     slurm_unreachable: float = _opt(600.0, "Seconds without an answer from Slurm after "

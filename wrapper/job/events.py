@@ -481,6 +481,17 @@ class RunStarted(Event):
     spare_nodes: int = 0  # the nodes it holds in reserve (--spare-nodes), 0: none
 
 
+@kind("run.restarted", writer="user")
+@dataclass(frozen=True)
+class RunRestarted(Event):
+    """``jobwrap run`` started its command again inside the allocation (in place, or onto
+    a spare). The user's word: the supervisor only starts timing the new command's
+    start-up afresh, as after a hang it restarted itself (a lie costs the user's own job
+    a slower hang verdict)."""
+
+    restart: int = 0  # jobwrap run's own count within the Slurm attempt: 1, 2, ...
+
+
 @kind("run.spare_used", writer="user")
 @dataclass(frozen=True)
 class SpareUsed(Event):

@@ -138,6 +138,11 @@ class JobStore:
         own steps are ended)."""
         return any(isinstance(e, ev.RunStarted) for e in self.user_claims(attempt))
 
+    def run_restarts(self, attempt: int) -> int:
+        """How many times ``jobwrap run`` started its command again in ``attempt`` (its
+        ``run.restarted``: the user's word)."""
+        return sum(1 for e in self.user_claims(attempt) if isinstance(e, ev.RunRestarted))
+
     def _root(self, events: Iterable[ev.Event] | None) -> list[ev.Event]:
         if events is None:
             return self.root_events()

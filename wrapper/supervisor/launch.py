@@ -124,6 +124,9 @@ def supervise(job_id: str, cfg: Config) -> int:
     def under_run() -> bool:
         return JobStore(state).under_run(attempt)
 
+    def run_restarts() -> int:
+        return JobStore(state).run_restarts(attempt)
+
     from wrapper.restart import resume as resume_mod
 
     options = record.job_options
@@ -137,6 +140,7 @@ def supervise(job_id: str, cfg: Config) -> int:
                             job_state=job_state, end_job=end_job, signal_job=signal_job,
                             time_limit=lambda: job_state.time_limit_s,
                             under_run=under_run, kill_steps=kill_steps,
+                            run_restarts=run_restarts,
                             gpu_faults=_gpu_fault_reader(cfg, record),
                             facts=channel.write if channel else None,
                             await_forensics=_forensics_waiter(cfg, state, attempt),

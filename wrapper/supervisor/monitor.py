@@ -53,6 +53,9 @@ class Seen:
     progress_count: int = 0  # signs of progress seen (output growth, new checkpoints)
     longest_gap: float = 0.0  # the longest time between two of them: the job's cadence
     gaps_seen: int = 0  # how many such gaps, over every command an in-place restart ran
+    saves_seen: int = 0  # checkpoints that appeared while it watched (not one found at start)
+    looked: bool = False  # the first look at the checkpoints is done
+    run_restarts: int = 0  # jobwrap run's restarts of the command seen so far
     ended_by_us: str = ""
     faults: set[str] = field(default_factory=set)
     checkpoint_at: float = 0.0  # when the newest checkpoint was first seen complete
@@ -73,6 +76,7 @@ class Supervisor:
                  time_limit: Callable[[], float | None] | None = None,
                  under_run: Callable[[], bool] | None = None,
                  kill_steps: Callable[[], list[str]] | None = None,
+                 run_restarts: Callable[[], int] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.record = record
         self.state = state
@@ -92,6 +96,7 @@ class Supervisor:
         # its steps only (the steps ended): a hang is then restarted in place
         self.under_run = under_run
         self.kill_steps = kill_steps
+        self.run_restarts = run_restarts  # jobwrap run's restarts of the command so far
         self.clock = clock
         # ``options``: the job's, merged with the site's defaults (job.record.site_options):
         # --hang-timeout=off is 0; None: learned from the job's cadence
@@ -145,6 +150,7 @@ class Supervisor:
         self._walltime(now)
         if now >= self._next_slurm:
             self._next_slurm = now + self.cfg.slurm_interval
+            self._look_for_restarts()
             current = self.job_state()
             if current in RUNNING and self._superseded():
                 current = "REQUEUED"  # a later attempt runs: its own supervisor follows it
@@ -165,11 +171,17 @@ class Supervisor:
     @property
     def cadence_learned(self) -> bool:
         """Enough gaps between signs of progress were seen to trust the longest as the
-        job's cadence (its checkpoint saves and slow steps among them)."""
-        return self.seen.gaps_seen >= LEARN_AFTER
+        job's cadence: LEARN_AFTER of them, a checkpoint saved while it watched among
+        them (a save's silence is part of the cadence), and progress from the command
+        running now (a command restarted in place is starting up: hang_floor again until
+        its first sign of progress)."""
+        return self.seen.gaps_seen >= LEARN_AFTER and self.seen.saves_seen > 0 and \
+            self.seen.progress_count > 0
 
     def _progress(self, now: float) -> None:
-        if self.seen.progress_count:  # the gap before the first one is the job's start-up
+        # the gap before the first one is the job's start-up; a checkpoint and output in
+        # one look are one sign, not a gap
+        if self.seen.progress_count and now > self.seen.last_progress:
             self.seen.longest_gap = max(self.seen.longest_gap, now - self.seen.last_progress)
             self.seen.gaps_seen += 1
         self.seen.progress_count += 1
@@ -204,8 +216,11 @@ class Supervisor:
         if found is not None and found.path != self.seen.checkpoint:
             self.seen.checkpoint, self.seen.step = found.path, found.step
             self.seen.checkpoint_at = now
+            if self.seen.looked:
+                self.seen.saves_seen += 1
             self._progress(now)
             self.event(ev.Checkpoint(path=found.path, step=found.step, layout=found.layout))
+        self.seen.looked = True
 
     def _look_at_output(self, now: float) -> None:
         size = 0
@@ -301,10 +316,25 @@ class Supervisor:
             return False
         self.logger.warning("supervisor.steps_killed", why=ev.Hang.KIND, steps=steps)
         self.event(ev.HangInPlace(steps=steps))
-        # the restarted command starts afresh: its start-up is not a gap of its cadence
+        self._command_restarted()
+        return True
+
+    def _command_restarted(self) -> None:
+        """The command starts afresh (restarted in place, by us or by ``jobwrap run``): its
+        start-up is not a gap of its cadence, and it runs under hang_floor until it shows
+        progress."""
         self.seen.last_progress = self.clock()
         self.seen.progress_count = 0
-        return True
+
+    def _look_for_restarts(self) -> None:
+        """``jobwrap run`` restarted the command since the last look (its
+        ``run.restarted``, the user's word: a lie only delays its own hang verdict)."""
+        if self.run_restarts is None:
+            return
+        count = self.run_restarts()
+        if count > self.seen.run_restarts:
+            self.seen.run_restarts = count
+            self._command_restarted()
 
     def _end(self, why: str) -> None:
         if self.seen.ended_by_us:

@@ -163,18 +163,26 @@ def test_a_fast_cadence_never_goes_below_the_floor(tmp_path: Path) -> None:
     assert calls["end"] == []
 
 
-def _steady(sup: Supervisor, clock: Clock, out: Path, gaps: int, every: float = 2) -> None:
+def _steady(sup: Supervisor, clock: Clock, out: Path, gaps: int, every: float = 2,
+            ckpt: Path | None = None) -> None:
+    """``gaps`` gaps of ``every`` s between output lines; with ``ckpt``, a checkpoint saved
+    (and settled) at the first of them, while the supervisor watches."""
     for step in range(1, gaps + 2):  # the first sign of progress ends the start-up
         clock.now += every
         out.write_text("s\n" * step)
+        if ckpt is not None and step == 1:
+            write_ckpt(ckpt, step, clock.now - 10)
         sup.tick()
 
 
+LEARNING = {"settle_seconds": 5, "hang_floor": 1800, "hang_min": 300, "hang_k": 3}
+
+
 def test_once_the_cadence_is_learned_the_floor_drops_to_hang_min(tmp_path: Path) -> None:
-    cfg = SupervisorConfig(settle_seconds=5, hang_floor=1800, hang_min=300, hang_k=3)
-    sup, state, clock, _ckpt, out, calls, _ = make(tmp_path, hang=None, cfg=cfg)
+    sup, state, clock, ckpt, out, calls, _ = make(tmp_path, hang=None,
+                                                  cfg=SupervisorConfig(**LEARNING))
     sup.tick()
-    _steady(sup, clock, out, LEARN_AFTER - 1)
+    _steady(sup, clock, out, LEARN_AFTER - 1, ckpt=ckpt)
     assert not sup.cadence_learned and sup.hang_timeout == 1800  # not trusted yet
     _steady(sup, clock, out, 1)
     assert sup.cadence_learned and sup.hang_timeout == 300  # 3 x 2 s is under hang_min
@@ -188,24 +196,60 @@ def test_once_the_cadence_is_learned_the_floor_drops_to_hang_min(tmp_path: Path)
     assert hang["hang_timeout_s"] == 300 and hang["learned"] is True
 
 
-def test_a_learned_cadence_above_hang_min_still_rules(tmp_path: Path) -> None:
-    cfg = SupervisorConfig(settle_seconds=5, hang_floor=1800, hang_min=300, hang_k=3)
-    sup, _state, clock, _ckpt, out, _calls, _ = make(tmp_path, hang=None, cfg=cfg)
+def test_start_up_chatter_without_a_save_teaches_no_cadence(tmp_path: Path) -> None:
+    # a progress bar while the data downloads: many gaps, but no save seen yet, so a
+    # long silent first save or compile after it is no hang before hang_floor
+    sup, _state, clock, ckpt, out, calls, _ = make(tmp_path, hang=None,
+                                                   cfg=SupervisorConfig(**LEARNING))
+    write_ckpt(ckpt, 7, clock.now - 60)  # the checkpoint it resumed from: no save watched
     sup.tick()
-    _steady(sup, clock, out, LEARN_AFTER, every=150)  # a slow job: 150 s a step
+    _steady(sup, clock, out, 3 * LEARN_AFTER)
+    assert not sup.cadence_learned and sup.hang_timeout == 1800
+    clock.now += 1000
+    sup.tick()
+    assert calls["end"] == []
+
+
+def test_a_learned_cadence_above_hang_min_still_rules(tmp_path: Path) -> None:
+    sup, _state, clock, ckpt, out, _calls, _ = make(tmp_path, hang=None,
+                                                    cfg=SupervisorConfig(**LEARNING))
+    sup.tick()
+    _steady(sup, clock, out, LEARN_AFTER, every=150, ckpt=ckpt)  # a slow job: 150 s a step
     assert sup.hang_timeout == 450
 
 
-def test_an_in_place_restart_keeps_the_learned_cadence(tmp_path: Path) -> None:
-    cfg = SupervisorConfig(settle_seconds=5, hang_floor=1800, hang_min=300, hang_k=3)
-    sup, _state, clock, _ckpt, out, _calls, _ = make(tmp_path, hang=None, cfg=cfg)
+def test_a_restarted_command_starts_under_the_floor_then_keeps_its_cadence(
+        tmp_path: Path) -> None:
+    sup, _state, clock, ckpt, out, _calls, _ = make(tmp_path, hang=None,
+                                                    cfg=SupervisorConfig(**LEARNING))
     killed = _under_run(sup, runs=True, steps=["77.0"])
     sup.tick()
-    _steady(sup, clock, out, LEARN_AFTER)
+    _steady(sup, clock, out, LEARN_AFTER, ckpt=ckpt)
     clock.now += 301
     sup.tick()
-    assert killed == [1]
-    assert sup.hang_timeout == 300  # the same job restarted: its cadence still holds
+    assert killed == [1]  # restarted in place
+    assert sup.hang_timeout == 1800  # its start-up (checkpoint load, NCCL) is not a hang
+    clock.now += 200
+    out.write_text(out.read_text() + "resumed\n")
+    sup.tick()
+    assert sup.hang_timeout == 300  # the same job, running again: its cadence holds
+
+
+def test_a_restart_by_jobwrap_run_restarts_the_start_up_clock(tmp_path: Path) -> None:
+    restarts = [0]
+    sup, _state, clock, ckpt, out, calls, _ = make(tmp_path, hang=None,
+                                                   cfg=SupervisorConfig(**LEARNING))
+    sup.run_restarts = lambda: restarts[0]
+    sup.tick()
+    _steady(sup, clock, out, LEARN_AFTER, ckpt=ckpt)
+    assert sup.hang_timeout == 300
+    restarts[0] = 1  # the command crashed and jobwrap run started it again
+    clock.now += 250
+    sup.tick()  # a look at Slurm's pace reads jobwrap run's restarts
+    assert sup.hang_timeout == 1800
+    clock.now += 400
+    sup.tick()
+    assert calls["end"] == []  # 650 s without output, but a fresh start-up
 
 
 def test_walltime_signal_before_the_limit(tmp_path: Path) -> None:
