@@ -110,6 +110,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         if attempt > 0:
             say(f"jobwrap run: attempt {attempt}: " + (f"resuming from {resume[0]}" if resume
                 and resumes else "starting from the beginning"))
+            _record_restart(cfg, base_attempt, attempt)
         started, started_at = time.monotonic(), time.time()
         try:
             state.child = subprocess.Popen(list(command), env=env, start_new_session=True,
@@ -128,7 +129,10 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         text = tail.text()
         faulty: dict[str, str] | None = None  # asked of Slurm once per failure (or awaited)
         if status != 0 and spares is not None:
-            faulty = faults_after(cfg, base_attempt, text, spares.nodes, say)
+            faulty = faults_after(cfg, base_attempt, text, spares.nodes, say,
+                                  stop=lambda: state.stopping)
+            if state.stopping:  # scancel's SIGTERM came while Slurm was asked
+                return status if status >= 0 else 128 + sig
             if faulty and spares.replace_faulty(cfg, faulty, say):
                 attempt, swaps = attempt + 1, swaps + 1
                 continue
@@ -155,7 +159,10 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         if not decision.requeue:
             return code if code else 128 + sig
         if faulty is None:
-            faulty = faults_after(cfg, base_attempt, text, None, say)
+            faulty = faults_after(cfg, base_attempt, text, _job_nodes(), say,
+                                  stop=lambda: state.stopping)
+        if state.stopping:
+            return code if code else 128 + sig
         if faulty:  # never restart in place on a node root found faulty: the queue's turn
             where = "; ".join(f"{node}: {why}" for node, why in sorted(faulty.items()))
             say(f"jobwrap run: not restarting in place: a node of the job is faulty ({where}); "
@@ -206,21 +213,34 @@ class ErrorTail:
 
 
 def faults_after(cfg: Config, attempt: int, text: str, nodes: Sequence[str] | None,
-                 say: Callable[[str], None]) -> dict[str, str]:
+                 say: Callable[[str], None], *,
+                 stop: Callable[[], bool] = lambda: False) -> dict[str, str]:
     """The job's nodes root or Slurm found faulty after a failed run; when srun's errors
     (``text``) say it could not reach a node of which Slurm has no verdict yet, asked
     again until it has one, for at most ``[restart] node_verdict_wait``."""
     from wrapper.slurm.parse import nodes_srun_lost
 
     found = faulty_nodes(cfg, attempt, nodes=nodes)
-    suspects = [n for n in nodes_srun_lost(text) if nodes is None or n in nodes]
+    suspects = nodes_srun_lost(text, among=nodes) if nodes else []
     wait_s = cfg.restart.node_verdict_wait
     if found or not suspects or wait_s <= 0:
         return found
     say(f"jobwrap run: srun could not reach {','.join(suspects)}; waiting up to "
         f"{wait_s:g} s for Slurm to say whether it is lost")
     return await_verdict(lambda: faulty_nodes(cfg, attempt, nodes=nodes), suspects,
-                         wait_s=wait_s)
+                         wait_s=wait_s, stop=stop)
+
+
+def _job_nodes() -> list[str]:
+    """The job's nodes (``SLURM_JOB_NODELIST``); none outside a job or when it does not
+    read."""
+    from wrapper.errors import SlurmError
+    from wrapper.slurm.parse import expand_hostlist
+
+    try:
+        return expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))
+    except SlurmError:
+        return []
 
 
 def with_directives(options: JobOptions, cfg: Config) -> JobOptions:
@@ -280,6 +300,18 @@ def _record_start(cfg: Config, command: Sequence[str], attempt: int, spares: int
                                        node=os.environ.get("SLURMD_NODENAME", ""),
                                        command=" ".join(command)[:400],
                                        spare_nodes=spares))
+
+
+def _record_restart(cfg: Config, attempt: int, restart: int) -> None:
+    """Note each restart in the job's (the user's) event file, so that the supervisor
+    times the new command's start-up afresh; outside a Slurm job, nothing."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return
+    from wrapper.job import events as ev
+
+    record_claim(cfg, job_id, ev.RunRestarted(attempt=attempt, restart=restart,
+                                              node=os.environ.get("SLURMD_NODENAME", "")))
 
 
 def _latest(options: JobOptions) -> tuple[str, int | None] | None:

@@ -180,16 +180,18 @@ def record_claim(cfg: Config, job_id: str, event: Event) -> None:
 
 def await_verdict(ask: Callable[[], dict[str, str]], suspects: Sequence[str], *,
                   wait_s: float, poll_s: float = 2.0,
+                  stop: Callable[[], bool] = lambda: False,
                   clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
     """Root's and Slurm's faults (``ask``: :func:`faulty_nodes`) once one of ``suspects``
     is among them, or what ``ask`` says after ``wait_s``. srun can end before slurmctld
     has judged a node it could not reach (a node is marked not responding only after a
     failed ping): restarting at once would launch on the lost node again, fail the same
-    way and spend the restarts, and a spare would never be used."""
+    way and spend the restarts, and a spare would never be used. ``stop``: the job is
+    being ended (scancel's SIGTERM came): what ``ask`` says now, at once."""
     deadline = clock() + wait_s
     while True:
         found = ask()
-        if any(node in found for node in suspects) or clock() >= deadline:
+        if any(node in found for node in suspects) or clock() >= deadline or stop():
             return found
         sleep(max(0.0, min(poll_s, deadline - clock())))

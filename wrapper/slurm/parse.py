@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from wrapper.errors import SlurmError
 
@@ -200,22 +201,29 @@ def check_node(node: str) -> str:
 
 
 # srun's own errors when it cannot reach a node of its step (src/api/step_launch.c, the
-# same words in 22.05 and 25.11): a launch that failed there, or a node failure slurmctld
-# told it of. A task's own death ("srun: error: n2: task 1: Killed") names its node too,
-# but says nothing of the node: it is not read here.
-_UNREACHED = re.compile(r"Task launch for \S+ failed on node ([A-Za-z0-9._-]{1,128}):"
-                        r"|Node failure on ([A-Za-z0-9._,\[\]-]{1,1024})")
+# same words in 22.05 and 25.11): a launch that failed there for want of the node (the
+# errno texts of a connection that failed, not a credential or exec error), or a node
+# failure slurmctld told it of. A task's own death ("srun: error: n2: task 1: Killed")
+# names its node too, but says nothing of the node: it is not read here.
+_UNREACHED = re.compile(
+    r"Task launch for \S+ failed on node ([A-Za-z0-9._-]{1,128}): (?:Communication connection"
+    r" failure|Socket timed out|Zero Bytes were transmitted|Connection refused|No route to "
+    r"host|Connection timed out)|Node failure on ([A-Za-z0-9._,\[\]-]{1,4096})")
 
 
-def nodes_srun_lost(text: str) -> list[str]:
-    """The nodes srun's errors in ``text`` say it could not reach, in order, once each
-    (``Task launch for StepId=7.1 failed on node n2: Communication connection failure``,
-    ``Node failure on n[2-3]``). A name that does not read as a host list is skipped."""
-    found: list[str] = []
+def nodes_srun_lost(text: str, *, among: Sequence[str]) -> list[str]:
+    """The nodes of ``among`` (the job's) that srun's errors in ``text`` say it could not
+    reach, in ``among``'s order (``Task launch for StepId=7.1 failed on node n2:
+    Communication connection failure``, ``Node failure on n[2-3]``). A name that does not
+    read as a host list is skipped; a long list is read no further than ``among`` asks."""
+    wanted = set(among)
+    named: set[str] = set()
     for match in _UNREACHED.finditer(text):
+        if match[1]:
+            named.add(match[1])
+            continue
         try:
-            names = [match[1]] if match[1] else expand_hostlist(match[2], max_hosts=4096)
+            named.update(expand_hostlist(match[2], max_hosts=max(len(wanted), 1) * 4))
         except HostlistError:
             continue
-        found.extend(n for n in names if n not in found)
-    return found
+    return [node for node in among if node in named]

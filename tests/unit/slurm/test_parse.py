@@ -91,10 +91,35 @@ def test_parse_record_job_line() -> None:
      ["n2"]),
     ("srun: error: Node failure on n[2-3]\nsrun: error: Node failure on n3\n", ["n2", "n3"]),
     ("srun: error: n2: task 1: Killed\nsrun: Terminating StepId=7.0\n", []),  # a task's death
+    # a launch refused for another reason than the node: no node to wait for
+    ("srun: error: Task launch for StepId=7.1 failed on node n2: Invalid job credential\n", []),
     ("srun: error: Node failure on n[9-]\n", []),  # not a host list: skipped, never raises
+    ("srun: error: Node failure on x[1-100000]\n", []),  # too many to be this job's: skipped
+    ("srun: error: Node failure on n7\n", []),  # not a node of the job
     ("", []),
 ])
 def test_nodes_srun_could_not_reach(text: str, nodes: list[str]) -> None:
     from wrapper.slurm.parse import nodes_srun_lost
 
-    assert nodes_srun_lost(text) == nodes
+    assert nodes_srun_lost(text, among=["n1", "n2", "n3"]) == nodes
+
+
+def test_node_lists_longer_than_the_job_are_never_expanded() -> None:
+    from wrapper.slurm import parse
+
+    text = "".join(f"srun: error: Node failure on h{i}x[0-4095]\n" for i in range(2500))
+    expanded: list[int] = []
+    real = parse.expand_hostlist
+
+    def counting(text: str, *, max_hosts: int = parse.MAX_HOSTS) -> list[str]:
+        names = real(text, max_hosts=max_hosts)
+        expanded.append(len(names))
+        return names
+
+    parse.expand_hostlist = counting  # type: ignore[assignment]
+    try:
+        found = parse.nodes_srun_lost(text[-65536:] + "Node failure on n2\n",
+                                      among=["n1", "n2"])
+    finally:
+        parse.expand_hostlist = real  # type: ignore[assignment]
+    assert found == ["n2"] and expanded == [1]  # 4,096-name lists refused before expanding
