@@ -141,16 +141,19 @@ export GP_RUN=$PWD/{run}
 
 def baseline_script(python: str, run: str) -> str:
     """Slurm alone and a diligent user: ``--requeue`` (node loss), a loop that reruns a
-    failed step in place, a collective timeout for a stuck peer, and a trap that requeues
-    the job before its time limit."""
+    failed step in place, a collective timeout for a stuck peer, and a trap that asks the
+    ranks to save (srun passes SIGUSR1 on to them) and requeues the job before its time
+    limit, as jobwrap's supervisor does."""
     return f"""#!/bin/bash
 #SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:1 --output=gp-%j.out --open-mode=append
 #SBATCH --requeue --signal=B:USR1@50
 export GP_RUN=$PWD/{run} GP_CKPT=$PWD/ckpt-{run}
-trap 'echo "time limit near: requeue"; scontrol requeue $SLURM_JOB_ID; exit 0' USR1
+trap 'echo "time limit near: save, then requeue"; kill -USR1 $step; sleep 3
+      scontrol requeue $SLURM_JOB_ID; exit 0' USR1
 for try in $(seq 1 20); do
     {srun(python)} &
-    wait $! && exit 0
+    step=$!
+    wait $step && exit 0
     echo "training failed (try $try): rerun from the newest checkpoint"
     sleep 1
 done
