@@ -159,10 +159,11 @@ def status(job_id: str, as_json: bool) -> None:
                                  f"({cfg.paths.archive_root})") from None
         attempts = [status_mod.AttemptSummary.from_dict(a) for a in manifest.get("attempts")
                     or []]
-    from wrapper.goodput import accounting, advice, view
+    from wrapper.archive.ledger import account, from_summaries
+    from wrapper.goodput import advice, view
 
     now = time.time()
-    ledger = accounting.account(accounting.from_summaries(attempts), now=now)
+    ledger = account(from_summaries(attempts), now=now)
     uid = job.state.job_uid() if source == "state" else \
         _int((manifest.get("job") or {}).get("uid"))
     if source == "state":
