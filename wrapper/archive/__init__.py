@@ -6,7 +6,7 @@ attempt's files on one node, read with the right rights), ``manifest`` (the
 list, extract, prune), ``status`` (the timeline of a job's attempts), ``ledger`` (a
 job's goodput ledger from that timeline, kept in the index), ``index`` (one record per
 job), ``attempt`` (the epilog's entry point, :func:`archive_attempt`) and ``cli``
-(``jobwrap archive ...`` and ``jobwrap status``).
+(``jobwrap archive ...``, and the attempts ``jobwrap status`` tells).
 """
 
 from __future__ import annotations
