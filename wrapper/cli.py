@@ -25,7 +25,7 @@ class _Group(click.Group):
                                       "doctor": "wrapper.doctor:doctor",
                                       "install-lua": "wrapper.install_lua:install_lua",
                                       "archive": "wrapper.archive.cli:archive",
-                                      "status": "wrapper.archive.cli:status",
+                                      "status": "wrapper.goodput.cli:status",
                                       "report": "wrapper.goodput.cli:report"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -256,7 +256,7 @@ def record_failure(cfg: MetricsConfig, failure_class: str, *, requeued: bool,
 def record_goodput(cfg: MetricsConfig, *, failure_class: str, productive_s: float,
                    wall_s: float, lost_s: float, gap: tuple[str, float] | None = None,
                    ended_ettr: float | None = None, node: str = "") -> bool:
-    """One attempt's share of its job's goodput ledger (``wrapper.goodput.accounting``).
+    """One attempt's share of its job's goodput ledger (``wrapper.archive.ledger``).
 
     ``gap``: the restart gap before this attempt and the class that caused it;
     ``ended_ettr``: the job's ETTR when this attempt ended the job."""

@@ -2,8 +2,7 @@
 
 Every module of ``wrapper/`` sits in one layer of :data:`LAYERS`; none imports a module
 of a higher layer (lazy imports inside functions count too), and packages import each
-other in no loop but the ones :data:`KNOWN_LOOPS` names (issue 25 removes them; a new
-one fails here).
+other in no loop.
 
 - the base (``wrapper.job``, ``wrapper.osl``, ``wrapper.slurm``) never imports a hook, a
   feature or the CLI;
@@ -100,8 +99,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("wrapper.hooks", "wrapper.cli", "wrapper.doctor", "wrapper.entry", "wrapper.install_lua",
      "wrapper.sandbox", "wrapper.__main__"),
 )
-# Package loops that stand today (job <-> state was dissolved: state lives in job/).
-KNOWN_LOOPS = ({"wrapper.archive", "wrapper.goodput"},)
 
 
 def layer_of(name: str) -> int | None:
@@ -156,14 +153,14 @@ def package_loops(edges: dict[str, set[str]]) -> list[set[str]]:
     return loops
 
 
-def test_packages_import_each_other_in_no_new_loop() -> None:
+def test_packages_import_each_other_in_no_loop() -> None:
     edges: dict[str, set[str]] = {}
     for mod, tree in modules():
         for target, name in imports(tree):
             full = f"{target}.{name}" if target == "wrapper" and name else target
             if full.startswith("wrapper.") and top(full) != top(mod):
                 edges.setdefault(top(mod), set()).add(top(full))
-    assert [loop for loop in package_loops(edges) if loop not in KNOWN_LOOPS] == []
+    assert package_loops(edges) == []
 
 
 def test_the_loop_finder_finds_a_loop() -> None:

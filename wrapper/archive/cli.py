@@ -1,12 +1,11 @@
-"""``jobwrap archive list|show|extract|prune`` and ``jobwrap status JOBID``.
+"""``jobwrap archive list|show|extract|prune|index|reindex``, and the attempts
+``jobwrap status JOBID`` tells (``job_attempts``; the command is ``wrapper.goodput.cli``'s,
+for it adds the job's goodput ledger and advice, which build on the archive).
 
 ``--json`` output is a stable shape (keys are only ever added): ``archive list`` prints
 ``[{user, job_id, path, updated_at, size, complete, name, attempts}]``; ``archive show``
 prints the manifest itself (docs/manifest.md); ``archive prune`` prints the removals,
-each an archive of ``list`` plus ``reason`` (age | size); ``status`` prints
-``{job_id, state, source, attempts: [AttemptSummary], goodput: Ledger}`` (source:
-"state" when read from this node's per-job state, "archive" when read from the
-job's manifest).
+each an archive of ``list`` plus ``reason`` (age | size).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from wrapper.archive import store
 from wrapper.config import Config
 from wrapper.errors import FormatTooNew, JobwrapError, UserInputError
 from wrapper.job.store import JobStore
+from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.archive.index import Index
@@ -135,48 +135,37 @@ def prune(dry_run: bool, as_json: bool) -> None:
     click.echo(f"{verb} {len(removals)} archives, {_size(freed)}", err=True)
 
 
-@click.command()
-@click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
-def status(job_id: str, as_json: bool) -> None:
-    """The timeline of a job's attempts: nodes, health, checkpoints, failures, decisions."""
-    cfg = current_config()
+@dataclass(frozen=True)
+class JobAttempts:
+    """A job's attempts as ``jobwrap status`` tells them, and where they were read."""
+
+    attempts: list[status_mod.AttemptSummary]
+    source: str  # "state": this node's per-job state; "archive": the job's manifest
+    uid: int | None  # the job's user id, from the same source
+    index: Index | None  # the archive's index, when it was opened to find the manifest
+
+
+def job_attempts(cfg: Config, job_id: str) -> JobAttempts:
+    """The attempts of a job from this node's state, else from its archived manifest
+    (found through the index when this process may read it). Raises UserInputError when
+    neither knows the job, FormatTooNew when its manifest is a newer jobwrap's."""
     job = JobStore.of(cfg, job_id)
     attempts = status_mod.timeline(job)
-    source = "state"
-    manifest: dict[str, Any] = {}
-    index: Index | None = None
-    if not attempts:
-        source = "archive"
-        index = open_index(cfg)
-        try:
-            manifest = _archived_manifest(cfg.paths.archive_root, job_id, index)
-        except FormatTooNew:
-            raise  # there is a record: a newer jobwrap's, and the message says so
-        except JobwrapError:
-            raise UserInputError(f"no record of job {job_id}: nothing in this node's state "
-                                 f"({cfg.paths.state_dir}) nor in the archive "
-                                 f"({cfg.paths.archive_root})") from None
-        attempts = [status_mod.AttemptSummary.from_dict(a) for a in manifest.get("attempts")
-                    or []]
-    from wrapper.goodput import accounting, advice, view
-
-    now = time.time()
-    ledger = accounting.account(accounting.from_summaries(attempts), now=now)
-    uid = job.state.job_uid() if source == "state" else \
-        _int((manifest.get("job") or {}).get("uid"))
-    if source == "state":
-        index = open_index(cfg)  # the cluster's MTBF for the advice
-    suggestion = advice.for_job(cfg.paths.archive_root, ledger, uid, now, index=index)
-    if as_json:
-        click.echo(json.dumps({"job_id": job_id, "state": status_mod.job_state(attempts)
-                               if attempts else None, "source": source,
-                               "attempts": [a.as_dict() for a in attempts],
-                               "goodput": ledger.as_dict(), "advice": suggestion},
-                              indent=2))
-    else:
-        click.echo(status_mod.render(job_id, attempts) + view.render(ledger, suggestion),
-                   nl=False)
+    if attempts:
+        return JobAttempts(attempts, "state", job.state.job_uid(), None)
+    index = open_index(cfg)
+    try:
+        manifest = _archived_manifest(cfg.paths.archive_root, job_id, index)
+    except FormatTooNew:
+        raise  # there is a record: a newer jobwrap's, and the message says so
+    except JobwrapError:
+        raise UserInputError(f"no record of job {job_id}: nothing in this node's state "
+                             f"({cfg.paths.state_dir}) nor in the archive "
+                             f"({cfg.paths.archive_root})") from None
+    attempts = [status_mod.AttemptSummary.from_dict(a) for a in manifest.get("attempts")
+                or []]
+    return JobAttempts(attempts, "archive", _int((manifest.get("job") or {}).get("uid")),
+                       index)
 
 
 @archive.command("index")

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 
     from wrapper.config import Config
 
-SCHEMA = 2  # 2: ledgers kept brief (accounting.ledger_brief)
+SCHEMA = 2  # 2: ledgers kept brief (ledger.ledger_brief)
 FOLDER = ".index"
 SPOOL = "spool"
 DATABASE = "archive.sqlite"
@@ -152,8 +152,7 @@ def record_of(root: str, user: str, job_id: str, manifest: dict[str, Any] | None
               mtime: float) -> dict[str, Any]:
     """A job's index record (also the spool file's content) from its manifest, or from
     its folder alone when the manifest does not parse (``parsed`` false: no ledger)."""
-    from wrapper.goodput.accounting import account, from_summaries, ledger_brief
-    from wrapper.goodput.report import NOT_A_FAILURE
+    from wrapper.archive.ledger import NOT_A_FAILURE, account, from_summaries, ledger_brief
 
     info = info_of(root, user, job_id, manifest or {}, size, mtime)
     attempts = (manifest or {}).get("attempts")

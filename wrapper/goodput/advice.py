@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from wrapper.archive.index import Index
-    from wrapper.goodput.accounting import Ledger
+    from wrapper.archive.ledger import Ledger
 
 FAR = 2.0
 MAX_ENTRIES = 2000

@@ -12,11 +12,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from wrapper import log
-from wrapper.goodput.accounting import account, from_summaries
 
 if TYPE_CHECKING:
+    from wrapper.archive.ledger import Ledger
     from wrapper.config import Config
-    from wrapper.goodput.accounting import Ledger
     from wrapper.job.state import JobState
     from wrapper.slurm import SlurmBackend
 
@@ -41,6 +40,7 @@ def after_attempt(cfg: Config, state: JobState, slurm: SlurmBackend, *, attempt:
 def _after_attempt(cfg: Config, state: JobState, slurm: SlurmBackend, *, attempt: int,
                    node: str, kind: str, decision: str, reason: str,
                    user: str) -> Ledger | None:
+    from wrapper.archive.ledger import account, from_summaries
     from wrapper.errors import JobwrapError
 
     if decision in ("requeue", "stop"):
@@ -80,6 +80,8 @@ def ledger_of(state: JobState, now: float | None = None, *, archive_root: str = 
     The state folder is node-local: an attempt that ran on another node is known here
     only through the job's manifest (written by root on that node, before this epilog).
     """
+    from wrapper.archive.ledger import account, from_summaries
+
     return account(from_summaries(attempt_records(state, archive_root, user)),
                    now=time.time() if now is None else now)
 

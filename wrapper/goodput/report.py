@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, field
 from typing import TYPE_CHECKING, Any
 
-from wrapper.goodput.accounting import RUNNING_CLASS, SUCCESS, Ledger
+from wrapper.archive.ledger import NOT_A_FAILURE, RUNNING_CLASS, Ledger
 from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 # The only classes that count against a node: both come from root's facts alone
 # (root's GPU probe or node watcher; Slurm's NODE_FAIL), never from the job's output.
 NODE_CAUSES = frozenset({"hardware", "node_failure"})
-NOT_A_FAILURE = frozenset({SUCCESS, RUNNING_CLASS, "cancelled"})
 FLAKY_SCORE = 2.0
 ETTR_BUCKETS = (0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
 
@@ -166,7 +165,7 @@ def from_archive(root: str, *, since: float | None, now: float,
     caller may read (each parsed once; folders older than ``since`` not opened), and what
     could not be read. Without the index: an ordinary user's own folder."""
     from wrapper.archive import store
-    from wrapper.goodput.accounting import account, from_summaries
+    from wrapper.archive.ledger import account, from_summaries
 
     out: list[JobLedger] = []
     problems: list[str] = []
@@ -187,8 +186,8 @@ def from_index(index: Index, *, since: float | None,
                user: str | None = None) -> tuple[Iterator[JobLedger], list[str]]:
     """The same from the archive's index, streamed: no manifest opened (each job's ledger
     was computed when it was indexed, as of its manifest's ``updated_at``, and kept brief:
-    ``accounting.ledger_brief``). The problems fill in as the ledgers are read."""
-    from wrapper.goodput.accounting import ledger_from_brief
+    ``ledger.ledger_brief``). The problems fill in as the ledgers are read."""
+    from wrapper.archive.ledger import ledger_from_brief
 
     problems: list[str] = []
 

@@ -15,7 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from wrapper.goodput.accounting import Ledger
+    from wrapper.archive.ledger import Ledger
     from wrapper.slurm import SlurmBackend
 
 MAX_COMMENT = 1000  # Slurm stores more; sacct's columns are read by people

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from wrapper.goodput.accounting import Ledger
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wrapper.archive.ledger import Ledger
 
 
 def render(ledger: Ledger, advice: str | None = None) -> str:

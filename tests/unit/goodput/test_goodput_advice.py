@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from wrapper.archive.ledger import Attempt, Checkpoint, account
 from wrapper.goodput import advice
-from wrapper.goodput.accounting import Attempt, Checkpoint, account
 
 
 def test_young_daly_and_when_to_say_it() -> None:

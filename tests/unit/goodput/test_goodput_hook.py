@@ -61,7 +61,7 @@ def test_an_unreadable_state_never_fails_the_epilog(tmp_path: Path) -> None:
 
 
 def test_the_admin_comment_holds_root_words_only() -> None:
-    from wrapper.goodput.accounting import Attempt, account
+    from wrapper.archive.ledger import Attempt, account
     from wrapper.goodput.sacct import MAX_COMMENT, comment
 
     ledger = account([Attempt(0, 0, 10, "hang"), Attempt(1, 20, 30, "a b;$(x)")], now=40)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.archive import jobwrap
-from wrapper.goodput.accounting import Attempt, Checkpoint, account
+from wrapper.archive.ledger import Attempt, Checkpoint, account
 from wrapper.goodput.report import FLAKY_SCORE, JobLedger, build, render
 
 

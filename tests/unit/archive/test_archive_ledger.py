@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.archive import summarized
-from wrapper.goodput.accounting import Attempt, Checkpoint, account, from_summaries
+from wrapper.archive.ledger import Attempt, Checkpoint, account, from_summaries
 from wrapper.job import events as ev
 
 

@@ -26,6 +26,11 @@ The ONE place that reads jobwrap's event vocabulary is ``from_summaries``: it ta
 ``AttemptSummary`` records that ``jobwrap status`` and the archive manifest both hold.
 Checkpoint events come from the supervisor, which runs as the job's user: the ledger is
 a report, never a control input.
+
+It lives in the archive, beside the ``AttemptSummary`` it reads, because the archive's
+index keeps each job's ledger in its row (``ledger_brief``); ``wrapper.goodput``, above
+the archive, reads it for ``jobwrap status``, ``jobwrap report``, the advice and the
+epilog's metrics.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ if TYPE_CHECKING:
 
 SUCCESS = "success"
 RUNNING_CLASS = "running"
+# The classes that are no failure: the index's failure count, ``jobwrap report``'s too.
+NOT_A_FAILURE = frozenset({SUCCESS, RUNNING_CLASS, "cancelled"})
 
 
 @dataclass(frozen=True)
