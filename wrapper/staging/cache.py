@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from wrapper.errors import JobwrapError, UserInputError
 from wrapper.lean import dataclass
+from wrapper.osl.files import owned_alone
 from wrapper.staging.copy import (
     Copied,
     Meter,
@@ -517,7 +518,7 @@ class Cache:
             raise StagingError(f"cannot open the cache {self.root}: {exc.strerror} (a "
                                "symlink? set paths.cache_root to the real folder)") from None
         info = os.fstat(root_fd)
-        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        if not owned_alone(info, private=True):
             os.close(root_fd)
             raise StagingError(f"the cache {self.root} must be owned by uid {os.geteuid()} "
                                f"with mode 0700 (it is uid {info.st_uid}, mode "
