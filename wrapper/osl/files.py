@@ -26,6 +26,8 @@ from wrapper.errors import JobwrapError
 StrPath = str | os.PathLike[str]
 _SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# a file read below a descriptor, by name, never through a symlink and never blocking
+FILE_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class UnsafeFileError(JobwrapError):
