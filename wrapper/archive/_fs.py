@@ -1,28 +1,32 @@
 """No-follow file operations under the archive root, and who may read what is written there.
 
 Everything below the archive root is reached through directory descriptors opened with
-``O_NOFOLLOW``: a symlink anywhere inside the root (planted, or left by a bug) is an
-error, never a detour. Files are created with ``O_EXCL`` and replaced only by rename.
+``O_NOFOLLOW`` (``wrapper.osl.dirs``): a symlink anywhere inside the root (planted, or
+left by a bug) is an ArchiveError, never a detour. Files are created with ``O_EXCL`` and
+replaced only by rename. The folder operations are osl's; this module adds the archive's
+policy: plain names only, its owners and modes (``Access``), the root, and its errors.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import secrets
-import shutil
 import stat
 from collections.abc import Iterator
 from typing import Any
 
 from wrapper.errors import JobwrapError
 from wrapper.lean import dataclass
-from wrapper.osl import files
+from wrapper.osl import dirs, files
+from wrapper.osl.dirs import entries, exists
 from wrapper.osl.files import acl_bytes
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+__all__ = ["Access", "ArchiveError", "create_file", "entries", "exists", "locked", "make_dir",
+           "make_temp_dir", "open_dir", "open_root", "read_json", "remove_tree", "sync_tree",
+           "tree_size", "write_json_atomic"]
+
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _ACL_XATTR = "system.posix_acl_access"
 
@@ -74,7 +78,7 @@ def open_root(path: str, *, create: bool, mode: int = 0o711, gid: int = 0) -> in
         except FileExistsError:
             pass
         else:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = dirs.open_dir(path, follow=True)
             try:
                 if os.geteuid() == 0:
                     os.fchown(fd, 0, gid)
@@ -84,7 +88,7 @@ def open_root(path: str, *, create: bool, mode: int = 0o711, gid: int = 0) -> in
     try:
         # The root itself is the admin's path and may be a symlink (to shared storage);
         # nothing below it is reached through one.
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = dirs.open_dir(path, follow=True)
     except PermissionError:
         if create:
             raise ArchiveError(f"cannot open the archive root {path}: permission denied") \
@@ -102,24 +106,28 @@ def open_root(path: str, *, create: bool, mode: int = 0o711, gid: int = 0) -> in
     return fd
 
 
+@contextlib.contextmanager
+def _no_detour() -> Iterator[None]:
+    """A symlink or a file where a folder should be is the archive's error, named."""
+    try:
+        yield
+    except dirs.NotADirectory as exc:
+        raise ArchiveError(f"{exc.filename!r} in the archive is not a directory (a symlink "
+                           "or a file is in its place); refusing to follow it") from None
+
+
 def open_dir(parent: int, name: str) -> int:
     """A subdirectory's descriptor; a symlink in its place is refused."""
     _check_name(name)
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise ArchiveError(f"{name!r} in the archive is not a directory (a symlink or a "
-                               "file is in its place); refusing to follow it") from None
-        raise
+    with _no_detour():
+        return dirs.open_dir(name, dir_fd=parent)
 
 
 def make_dir(parent: int, name: str, access: Access) -> int:
     """Create (or reuse, when it is ours) a directory with the archive's ownership and mode."""
     _check_name(name)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(name, 0o700, dir_fd=parent)
-    fd = open_dir(parent, name)
+    with _no_detour():
+        fd = dirs.make_dir(parent, name, 0o700)
     try:
         if os.fstat(fd).st_uid != os.geteuid():
             raise ArchiveError(f"{name!r} in the archive is owned by uid "
@@ -196,68 +204,26 @@ def read_json(parent: int, name: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def exists(parent: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def entries(fd: int) -> list[os.DirEntry[str]]:
-    """A directory's entries, read through its descriptor (never through a path)."""
-    # scandir reads a duplicate and keeps ``fd`` for the entries' own stat calls
-    with os.scandir(fd) as it:
-        return list(it)
-
-
 def tree_size(fd: int) -> int:
     """Bytes in the regular files below a directory; symlinks are not followed."""
-    total = 0
-    for entry in entries(fd):
-        if entry.is_dir(follow_symlinks=False):
-            child = open_dir(fd, entry.name)
-            try:
-                total += tree_size(child)
-            finally:
-                os.close(child)
-        elif entry.is_file(follow_symlinks=False):
-            total += entry.stat(follow_symlinks=False).st_size
-    return total
+    with _no_detour():
+        return dirs.tree_size(fd)
 
 
 def sync_tree(fd: int) -> None:
     """fsync every file and directory below (and including) a directory."""
-    for entry in entries(fd):
-        if entry.is_dir(follow_symlinks=False):
-            child = open_dir(fd, entry.name)
-            try:
-                sync_tree(child)
-            finally:
-                os.close(child)
-        elif entry.is_file(follow_symlinks=False):
-            child = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            try:
-                os.fsync(child)
-            finally:
-                os.close(child)
-    os.fsync(fd)
+    with _no_detour():
+        dirs.sync_tree(fd)
 
 
 def remove_tree(parent: int, name: str) -> None:
-    """Remove a directory tree without following a symlink in it (shutil's fd-based rmtree)."""
+    """Remove a directory tree without following a symlink in it or crossing into another
+    mount (``osl.dirs.remove_tree``); a mount point inside is left, an ArchiveError."""
     _check_name(name)
-    if not shutil.rmtree.avoids_symlink_attacks:  # pragma: no cover - Linux always has it
-        raise ArchiveError("this platform cannot remove a tree without following symlinks")
-    try:
-        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(info.st_mode):
-        os.unlink(name, dir_fd=parent)  # a symlink or a file in a folder's place
-        return
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(name, dir_fd=parent)
+    removal = dirs.remove_tree(parent, name)
+    if removal.left:
+        raise ArchiveError(f"{name!r} in the archive holds a mount point "
+                           f"({', '.join(removal.left)}); left in place")
 
 
 @contextlib.contextmanager

@@ -61,6 +61,7 @@ from wrapper.archive._fs import (
 from wrapper.archive.manifest import MANIFEST, SCHEMA_VERSION
 from wrapper.errors import format_of
 from wrapper.lean import dataclass
+from wrapper.osl import dirs
 
 PART = "part.json"
 PART_FORMAT = 1  # a part's "format" (docs/upgrades.md); absent: 1
@@ -406,7 +407,7 @@ def extract(root: str, job_id: str, dest: str, user: str | None = None) -> list[
             raise ArchiveError(f"{clashes[0]} exists; extract never overwrites (choose an "
                                "empty or new folder)")
         os.makedirs(dest, 0o750, exist_ok=True)
-        dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dest_fd = dirs.open_dir(dest, follow=True)  # the caller's own folder, as they name it
         written = []
         try:
             for source, target in plan:
@@ -448,8 +449,7 @@ def _extract_one(job_fd: int, source: tuple[str, ...], dest_fd: int,
         for name in target[:-1]:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o750, dir_fd=dst_dir)
-            dst_dir = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=dst_dir)
+            dst_dir = dirs.open_dir(name, dir_fd=dst_dir)
             opened.append(dst_dir)
         src = os.open(source[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir)
         with os.fdopen(src, "rb") as raw:

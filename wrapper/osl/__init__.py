@@ -1,7 +1,7 @@
 """The OS-safety layer: every root path that touches what a job's user controls goes here.
 
 Audit this package, and the rest of jobwrap only has to be read for *which* primitive it
-calls. Three modules, no third-party code:
+calls. Its modules, no third-party code:
 
 ``users``  who a job's user is (``UserIds``) and how a process becomes them for good
            (``drop_to``: groups, gid, uid, proof that root cannot be had back;
@@ -19,8 +19,13 @@ calls. Three modules, no third-party code:
            locked ``O_APPEND`` line append, a private mkdir that checks the owner, the
            one owner/mode check of what root trusts (``owned_alone``: its owner's to
            write, nobody else's), and a chown by descriptor only.
+``dirs``   folders through descriptors, one component at a time: the no-follow
+           ``open_dir`` relative to a parent (``follow=True`` only where a path may go
+           through symlinks by right), ``make_dir``, ``entries``, ``tree_size``,
+           ``sync_tree``, ``DirTree`` (a tree opened or made on demand), ``first_missing``,
+           and the one ``remove_tree``: no symlink followed, no mount crossed.
 
 Rules every caller keeps: a path the user controls is opened with the user's rights
-(``call_as``) or, when root must, with the ``files`` primitives below a root-owned folder;
-every read is bounded; every wait has a deadline.
+(``call_as``) or, when root must, with the ``files`` and ``dirs`` primitives below a
+root-owned folder; every read is bounded; every wait has a deadline.
 """

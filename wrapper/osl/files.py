@@ -26,6 +26,8 @@ from wrapper.errors import JobwrapError
 StrPath = str | os.PathLike[str]
 _SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# a file read below a descriptor, by name, never through a symlink and never blocking
+FILE_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class UnsafeFileError(JobwrapError):
@@ -217,10 +219,13 @@ def private_mkdir(path: StrPath, mode: int, *, owner: int | None = None) -> os.s
         os.close(fd)
 
 
-def owned_alone(info: os.stat_result, uid: int | None = None) -> bool:
+def owned_alone(info: os.stat_result, uid: int | None = None, *,
+                private: bool = False) -> bool:
     """Whether ``info`` is owned by ``uid`` (default: us) and writable by it alone (no
-    group or other write bit): a file or folder root may trust, nobody else can change."""
-    return info.st_uid == (os.geteuid() if uid is None else uid) and not info.st_mode & 0o022
+    group or other write bit): a file or folder root may trust, nobody else can change.
+    With ``private``, nobody else may even read or enter it (no group or other bit)."""
+    return info.st_uid == (os.geteuid() if uid is None else uid) \
+        and not info.st_mode & (0o077 if private else 0o022)
 
 
 def require_owned_alone(fd: int, shown: str, uid: int | None = None) -> None:

@@ -14,7 +14,8 @@ The API the hooks call (see each function's docstring)::
 One module per concept: spec (directives), scratch (the per-job folder), copy (the
 engine), cache (the node cache), archive (unpacking), privileges (the user's rights),
 manifest (what a dataset is), report (records), stagein and stageout (the two
-directions), channel and fdtree (the plumbing root relies on).
+directions), channel (the plumbing root relies on). Folders are walked, made and removed
+through ``wrapper.osl.dirs`` (descriptors, never a symlink).
 """
 
 from __future__ import annotations

@@ -65,6 +65,8 @@ from typing import TYPE_CHECKING, Any
 
 from wrapper.errors import JobwrapError, UserInputError
 from wrapper.lean import dataclass
+from wrapper.osl.dirs import DirTree, first_missing, make_dir, open_dir
+from wrapper.osl.files import owned_alone
 from wrapper.staging.copy import (
     Copied,
     Meter,
@@ -81,7 +83,6 @@ from wrapper.staging.copy import (
     write_file,
 )
 from wrapper.staging.errors import NoSpaceError, StagingError
-from wrapper.staging.fdtree import DIR_FLAGS, DirTree, first_missing, open_dir
 from wrapper.staging.privileges import UserIds
 from wrapper.staging.scratch import remove_tree
 from wrapper.staging.tree import DIR, FILE, Entry, Manifest, sha256_fd
@@ -277,9 +278,7 @@ class Cache:
                     or not self._inodes_for(files):
                 return False
             entries_fd = self._dir("entries")
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(claim.key, 0o700, dir_fd=entries_fd)
-            entry_fd = os.open(claim.key, DIR_FLAGS, dir_fd=entries_fd)
+            entry_fd = make_dir(entries_fd, claim.key, 0o700)
             try:
                 _write_atomic(entry_fd, RESERVED, str(need).encode())
             finally:
@@ -325,13 +324,11 @@ class Cache:
         if self.key_mode == "sha256":
             verify = "sha256"  # the key promises content: check the bytes against it
         target = _Target(place, manifest) if place is not None else None
-        entry_fd = os.open(claim.key, DIR_FLAGS, dir_fd=self._dir("entries"))
+        entry_fd = open_dir(claim.key, dir_fd=self._dir("entries"))
         tree = None
         try:
             if manifest.kind == DIR:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(DATA, 0o700, dir_fd=entry_fd)
-                data_fd = os.open(DATA, DIR_FLAGS, dir_fd=entry_fd)
+                data_fd = make_dir(entry_fd, DATA, 0o700)
                 tree = DirTree(data_fd)
                 dest = ""
             else:
@@ -403,7 +400,7 @@ class Cache:
                                  "(--stage-in=SRC:NAME)")
         dest = "" if dest == "." else dest
         owner = (user.uid, user.gid)
-        entry_fd = os.open(claim.key, DIR_FLAGS, dir_fd=self._dir("entries"))
+        entry_fd = open_dir(claim.key, dir_fd=self._dir("entries"))
         cache_tree = DirTree(entry_fd, create=False)
         source_root = DATA if manifest.kind == DIR else ""
         tree = DirTree(scratch_fd)
@@ -517,16 +514,14 @@ class Cache:
             raise StagingError(f"cannot open the cache {self.root}: {exc.strerror} (a "
                                "symlink? set paths.cache_root to the real folder)") from None
         info = os.fstat(root_fd)
-        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        if not owned_alone(info, private=True):
             os.close(root_fd)
             raise StagingError(f"the cache {self.root} must be owned by uid {os.geteuid()} "
                                f"with mode 0700 (it is uid {info.st_uid}, mode "
                                f"{stat.S_IMODE(info.st_mode):04o})")
         fds = {"root": root_fd}
         for name in ("entries", "locks", "trash"):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o700, dir_fd=root_fd)
-            fds[name] = os.open(name, DIR_FLAGS, dir_fd=root_fd)
+            fds[name] = make_dir(root_fd, name, 0o700)
         self._fds = fds
 
     def close(self) -> None:

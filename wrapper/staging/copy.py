@@ -28,8 +28,8 @@ from dataclasses import field
 
 from wrapper.errors import UserInputError
 from wrapper.lean import dataclass
+from wrapper.osl.dirs import DirTree
 from wrapper.staging.errors import NoSpaceError, StagingError
-from wrapper.staging.fdtree import DirTree
 from wrapper.staging.report import Progress, format_bytes
 from wrapper.staging.tree import DIR, LINK, Entry, Manifest, sha256_fd
 

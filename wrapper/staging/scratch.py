@@ -18,19 +18,16 @@ them), and ``prune_quarantine`` removes what has been kept longer than the reten
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import re
 import stat
-from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from wrapper.lean import dataclass
+from wrapper.osl import dirs
+from wrapper.osl.dirs import Removal, exists, open_dir
 from wrapper.osl.files import UnsafeFileError, owned_alone, require_owned_alone
 from wrapper.staging.errors import StagingError
-from wrapper.staging.fdtree import DIR_FLAGS, open_dir, raise_fd_limit
 
 if TYPE_CHECKING:
     from wrapper.osl.users import UserIds
@@ -39,21 +36,6 @@ _JOB_ID = re.compile(r"^[0-9]{1,12}$")
 SCRATCH_MODE = 0o700
 ROOT_MODE = 0o711  # users reach their own job's folder, and cannot list the others
 QUARANTINE = ".quarantine"
-
-
-@dataclass
-class Removal:
-    """What removing a tree did; ``left`` holds what it would not touch (mount points)."""
-
-    path: str
-    existed: bool = True
-    files: int = 0
-    dirs: int = 0
-    left: list[str] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        return not self.left
 
 
 def prepare_scratch(root: Path, job_id: str, user: UserIds) -> Path:
@@ -86,7 +68,7 @@ def prepare_scratch(root: Path, job_id: str, user: UserIds) -> Path:
                 raise StagingError(f"{path} from an earlier attempt cannot be cleared: "
                                    f"{', '.join(removal.left)} left in place") from None
             os.mkdir(job_id, SCRATCH_MODE, dir_fd=root_fd)
-        fd = os.open(job_id, DIR_FLAGS, dir_fd=root_fd)
+        fd = open_dir(job_id, dir_fd=root_fd)
         try:
             info = os.fstat(fd)
             if info.st_uid != euid:  # someone swapped it between mkdir and open
@@ -108,7 +90,7 @@ def remove_scratch(path: Path) -> Removal:
     """
     path = Path(os.path.abspath(path))
     try:
-        parent_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        parent_fd = open_dir(path.parent, follow=True)  # the admin's scratch root
     except FileNotFoundError:
         return Removal(str(path), existed=False)
     try:
@@ -118,137 +100,13 @@ def remove_scratch(path: Path) -> Removal:
 
 
 def remove_tree(parent_fd: int, name: str, *, display: str | None = None) -> Removal:
-    """Remove ``name`` inside the folder ``parent_fd`` without following symlinks or
-    crossing into another mount. Iterative: a deep tree costs descriptors, not stack."""
-    shown = display or name
-    removal = Removal(shown)
+    """``osl.dirs.remove_tree`` (no symlink followed, no mount crossed), an entry that
+    cannot be unlinked a StagingError naming it."""
     try:
-        info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        removal.existed = False
-        return removal
-    if not stat.S_ISDIR(info.st_mode):
-        _unlink(parent_fd, name, removal)
-        return removal
-    raise_fd_limit()
-    try:
-        top = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a link or a file
-            _unlink(parent_fd, name, removal)
-            return removal
-        raise
-    device = os.fstat(top).st_dev
-    mounts = _mount_points_under(_real(parent_fd, name))
-    # frames: (descriptor, name in parent, path shown, names still to visit)
-    stack: list[tuple[int, str, str, list[str]]] = []
-    _push(stack, top, name, "", removal)
-    try:
-        while stack:
-            fd, own, rel, pending = stack[-1]
-            if pending:
-                entry = pending.pop()
-                _visit(stack, fd, entry, f"{rel}/{entry}" if rel else entry, device, mounts,
-                       removal)
-                continue
-            stack.pop()
-            os.close(fd)
-            parent = stack[-1][0] if stack else parent_fd
-            try:
-                os.rmdir(own, dir_fd=parent)
-                removal.dirs += 1
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EBUSY):
-                    raise
-                # something in it was left (a mount); already listed in removal.left
-    finally:
-        for fd, _, _, _ in stack:
-            os.close(fd)
-    return removal
-
-
-def _visit(stack: list[tuple[int, str, str, list[str]]], fd: int, name: str, rel: str,
-           device: int, mounts: set[str], removal: Removal) -> None:
-    try:
-        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(info.st_mode):
-        _unlink(fd, name, removal)
-        return
-    if info.st_dev != device or rel in mounts:
-        removal.left.append(rel)
-        return
-    try:
-        child = os.open(name, DIR_FLAGS, dir_fd=fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped under us: unlink the link
-            _unlink(fd, name, removal)
-            return
-        raise
-    seen = os.fstat(child)
-    if (seen.st_dev, seen.st_ino) != (info.st_dev, info.st_ino):  # swapped for a mount
-        os.close(child)
-        removal.left.append(rel)
-        return
-    _push(stack, child, name, rel, removal)
-
-
-def _push(stack: list[tuple[int, str, str, list[str]]], fd: int, name: str, rel: str,
-          removal: Removal) -> None:
-    try:
-        if os.geteuid() != 0 and os.fstat(fd).st_mode & 0o700 != 0o700:
-            with contextlib.suppress(PermissionError):  # not ours: unlinks will say so
-                os.fchmod(fd, 0o700)  # our own read-only folder (a dataset's): open it up
-        names = os.listdir(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    stack.append((fd, name, rel, names))
-
-
-def _unlink(fd: int, name: str, removal: Removal) -> None:
-    try:
-        os.unlink(name, dir_fd=fd)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise StagingError(f"cannot remove {name!r} from {removal.path}: {exc.strerror}") \
-            from None
-    removal.files += 1
-
-
-def _real(parent_fd: int, name: str) -> str:
-    with contextlib.suppress(OSError):
-        return os.path.join(os.readlink(f"/proc/self/fd/{parent_fd}"), name)
-    return ""
-
-
-def _mount_points_under(top: str) -> set[str]:
-    """Mount points strictly inside ``top`` (relative to it), from /proc/self/mountinfo.
-
-    ``st_dev`` already stops at other file systems; this also catches a bind mount of
-    the same file system, which ``st_dev`` cannot tell apart.
-    """
-    found: set[str] = set()
-    if not top:
-        return found
-    prefix = top.rstrip("/") + "/"
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                fields = line.split(" ")
-                if len(fields) > 4:
-                    point = _unescape(fields[4])
-                    if point.startswith(prefix):
-                        found.add(point[len(prefix):])
-    except OSError:
-        pass
-    return found
-
-
-def _unescape(text: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+        return dirs.remove_tree(parent_fd, name, display=display)
+    except dirs.Unremovable as exc:
+        raise StagingError(f"cannot remove {exc.filename!r} from {display or name}: "
+                           f"{exc.strerror}") from None
 
 
 def _open_scratch_root(root: Path) -> int:
@@ -289,7 +147,7 @@ def quarantine_scratch(root: Path, job_id: str, name: str) -> Path | None:
             job_fd = _root_dir(box_fd, job_id, str(root / QUARANTINE / job_id))
             try:
                 target, number = name, 0
-                while _exists(job_fd, target):
+                while exists(job_fd, target):
                     number += 1
                     target = f"{name}.{number}"
                 try:
@@ -298,7 +156,7 @@ def quarantine_scratch(root: Path, job_id: str, name: str) -> Path | None:
                     raise StagingError(f"cannot move {root / job_id} to "
                                        f"{root / QUARANTINE / job_id / target}: "
                                        f"{exc.strerror}") from None
-                kept = os.open(target, DIR_FLAGS, dir_fd=job_fd)
+                kept = open_dir(target, dir_fd=job_fd)
                 try:
                     os.fchmod(kept, SCRATCH_MODE)  # only its owner (the job's user) and root
                 finally:
@@ -348,14 +206,6 @@ def prune_quarantine(root: Path, max_age: float, now: float) -> list[str]:
     return removed
 
 
-def _exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
 def _root_dir(parent_fd: int, name: str, shown: str) -> int:
     """Open (making, mode 0711) a folder of ours: no symlink, no one else's, not writable
     by others."""
@@ -366,7 +216,7 @@ def _root_dir(parent_fd: int, name: str, shown: str) -> int:
     except OSError as exc:
         raise StagingError(f"cannot make {shown}: {exc.strerror}") from None
     try:
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+        fd = open_dir(name, dir_fd=parent_fd)
     except OSError as exc:
         raise StagingError(f"cannot open {shown}: {exc.strerror} (a symlink or a file in "
                            "its place? remove it after a look)") from None

@@ -35,11 +35,11 @@ from functools import partial
 from pathlib import Path
 
 from wrapper.errors import JobwrapError, UserInputError
+from wrapper.osl.dirs import DirTree, first_missing, open_dir, raise_fd_limit
 from wrapper.staging.cache import Cache, CacheFull, Placement
 from wrapper.staging.channel import MAX_FDS, Channel
 from wrapper.staging.copy import Meter, check_space, copy_tree, space_needed
 from wrapper.staging.errors import StagingError
-from wrapper.staging.fdtree import DirTree, first_missing, open_dir, raise_fd_limit
 from wrapper.staging.privileges import UserIds, Worker
 from wrapper.staging.report import Progress, StageItem, StageReport
 from wrapper.staging.scratch import remove_tree

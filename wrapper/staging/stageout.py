@@ -16,10 +16,10 @@ from functools import partial
 from pathlib import Path
 
 from wrapper.errors import JobwrapError, UserInputError
+from wrapper.osl.dirs import DirTree, open_dir, raise_fd_limit
 from wrapper.staging.channel import Channel
 from wrapper.staging.copy import Meter, check_space, copy_tree, space_needed
 from wrapper.staging.errors import StagingError
-from wrapper.staging.fdtree import DirTree, raise_fd_limit
 from wrapper.staging.privileges import UserIds, Worker
 from wrapper.staging.report import Progress, StageItem, StageReport
 from wrapper.staging.settings import StageSettings
@@ -122,7 +122,7 @@ def _stage_one(spec: StageOut, scratch_fd: int, settings: StageSettings,
         manifest = src.manifest
         try:
             os.makedirs(parent, exist_ok=True)
-            parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            parent_fd = open_dir(parent, follow=True)  # the user's DEST, as the user
         except OSError as exc:
             raise UserInputError(f"cannot write into {parent!r} as the job's user "
                                  f"({exc.strerror}); choose a DEST the user may write") \

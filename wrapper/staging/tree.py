@@ -17,8 +17,9 @@ from typing import Any
 
 from wrapper.errors import UserInputError
 from wrapper.lean import dataclass
+from wrapper.osl.dirs import DIR_FLAGS, DirTree
+from wrapper.osl.files import FILE_READ_FLAGS
 from wrapper.staging.errors import StagingError
-from wrapper.staging.fdtree import DIR_FLAGS, FILE_READ_FLAGS, DirTree
 from wrapper.staging.spec import MAX_NAME_BYTES
 
 FILE, DIR, LINK = "file", "dir", "symlink"

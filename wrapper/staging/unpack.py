@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from typing import IO
 
 from wrapper.errors import UserInputError
+from wrapper.osl.dirs import DirTree
 from wrapper.staging.copy import BUFFER, Meter, TreeResult, write_error
 from wrapper.staging.errors import StagingError
-from wrapper.staging.fdtree import DirTree
 from wrapper.staging.report import format_bytes
 from wrapper.staging.spec import member_path
 from wrapper.staging.tree import sha256_fd

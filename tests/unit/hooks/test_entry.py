@@ -142,11 +142,11 @@ PROLOG_MODULES = {
     "wrapper.hooks.prolog", "wrapper.hooks.staging", "wrapper.job", "wrapper.job.events",
     "wrapper.job.paths", "wrapper.job.record", "wrapper.job.state", "wrapper.job.store",
     "wrapper.lean",
-    "wrapper.log", "wrapper.metrics", "wrapper.osl", "wrapper.osl.files",
+    "wrapper.log", "wrapper.metrics", "wrapper.osl", "wrapper.osl.dirs", "wrapper.osl.files",
     "wrapper.osl.jsontext", "wrapper.osl.users", "wrapper.restart", "wrapper.restart.resume",
     "wrapper.runner", "wrapper.slurm", "wrapper.slurm.commands", "wrapper.slurm.context",
     "wrapper.slurm.parse", "wrapper.slurm.records", "wrapper.staging",
-    "wrapper.staging.errors", "wrapper.staging.fdtree", "wrapper.staging.scratch",
+    "wrapper.staging.errors", "wrapper.staging.scratch",
     "wrapper.watch", "wrapper.watch.feed", "wrapper.watch.process",
 }
 # Loaded by the test's own fakes and set-up, not by the prolog.

@@ -115,6 +115,18 @@ def test_only_its_owner_may_write_what_root_trusts(tmp_path: Path) -> None:
         os.close(fd)
 
 
+def test_a_private_folder_is_one_nobody_else_may_even_read(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    folder.chmod(0o700)
+    assert files.owned_alone(folder.stat(), private=True)
+    assert not files.owned_alone(folder.stat(), uid=os.geteuid() + 1, private=True)
+    for mode in (0o750, 0o701):  # readable or enterable by others: not private
+        folder.chmod(mode)
+        assert files.owned_alone(folder.stat())
+        assert not files.owned_alone(folder.stat(), private=True)
+
+
 def test_chown_never_follows_a_swapped_in_symlink(tmp_path: Path) -> None:
     """Item 14: a user swaps a symlink for the file root is about to hand them."""
     target = tmp_path / "shadow"
