@@ -216,9 +216,11 @@ class Supervisor:
         if found is not None and found.path != self.seen.checkpoint:
             self.seen.checkpoint, self.seen.step = found.path, found.step
             self.seen.checkpoint_at = now
-            if self.seen.looked:
+            if self.seen.looked:  # saved while it watched: progress of this command
                 self.seen.saves_seen += 1
-            self._progress(now)
+                self._progress(now)
+            # one found at the first look is older than this attempt (the one it resumes
+            # from): no progress, else the start-up after it would count as a cadence gap
             self.event(ev.Checkpoint(path=found.path, step=found.step, layout=found.layout))
         self.seen.looked = True
 

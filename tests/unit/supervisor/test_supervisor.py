@@ -210,6 +210,28 @@ def test_start_up_chatter_without_a_save_teaches_no_cadence(tmp_path: Path) -> N
     assert calls["end"] == []
 
 
+def test_a_checkpoint_found_at_the_first_look_is_no_progress(tmp_path: Path) -> None:
+    # the checkpoint the attempt resumes from was there before it: the start-up after it
+    # (imports, loading it) is no gap of the job's cadence, and no sign the command runs
+    cfg = SupervisorConfig(settle_seconds=5, hang_floor=30, hang_k=3)
+    sup, state, clock, ckpt, out, calls, _ = make(tmp_path, hang=None, cfg=cfg)
+    write_ckpt(ckpt, 7, clock.now - 60)
+    sup.tick()
+    assert sup.seen.progress_count == 0
+    assert [e["step"] for e in state.events() if e["event"] == "checkpoint"] == [7]
+    clock.now += 25  # a slow start-up
+    out.write_text("step 8\n")
+    sup.tick()
+    for step in range(9, 13):
+        clock.now += 1
+        out.write_text("step\n" * step)
+        sup.tick()
+    assert sup.seen.longest_gap == 1 and sup.hang_timeout == 30  # not 3 x 25 s
+    clock.now += 31
+    sup.tick()
+    assert calls["end"] == ["hang"]
+
+
 def test_a_learned_cadence_above_hang_min_still_rules(tmp_path: Path) -> None:
     sup, _state, clock, ckpt, out, _calls, _ = make(tmp_path, hang=None,
                                                     cfg=SupervisorConfig(**LEARNING))
