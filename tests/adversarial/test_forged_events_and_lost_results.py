@@ -134,3 +134,26 @@ def test_a_printed_killed_line_loosens_no_brake(cluster: Cluster) -> None:
             if e["event"] == "attempt.end"]
     assert info["JobState"] == "FAILED", info
     assert ends == [(0, "user_error", "requeue"), (1, "user_error", "stop")], ends
+
+
+CANCEL_LINE = """#!/bin/bash
+#SBATCH --output={work}/cancelline-%j.out -w n1
+#JOBWRAP --max-restarts=3
+echo "slurmstepd-n1: error: *** JOB $SLURM_JOB_ID ON n1 CANCELLED AT $(date +%FT%T) ***"
+exit 1
+"""
+
+
+def test_a_printed_cancel_line_can_only_stop_the_job(cluster: Cluster) -> None:
+    """slurmstepd's cancel line is the one sign of a scancel the epilog gets (Slurm hands it
+    exit 0 and COMPLETING), and the job can print it. Printed by the job, it classes the
+    attempt ``cancelled``: stopped, as an scancel of its own would; no requeue, nothing
+    counted against the node, the node not drained."""
+    job_id = cluster.submit(CANCEL_LINE.format(work=cluster.work), name="cancelline.sh")
+    info = cluster.wait_job(job_id, timeout=120)
+    ends = [(e["attempt"], e["kind"], e["decision"]) for e in root_events(cluster, job_id)
+            if e["event"] == "attempt.end"]
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", info
+    assert ends == [(0, "cancelled", "stop")], ends
+    node = cluster.as_user(["scontrol", "show", "node", "n1"]).stdout
+    assert "DRAIN" not in node, node

@@ -92,3 +92,28 @@ python3 train.py {STEPS} 0.5
             if e["source"] == "root" and e["event"].split(".")[0] in ("prolog", "epilog",
                                                                       "watch")])
         time.sleep(0.3)
+
+
+def test_a_job_cancelled_while_it_runs_is_classed_cancelled_and_stays_stopped(
+        cluster: Cluster) -> None:
+    """scancel while the batch script runs: Slurm hands the epilog exit 0 and a record that
+    says COMPLETING. The attempt is ``cancelled`` (it was ``success``), and not requeued."""
+    job_id = cluster.submit("#!/bin/bash\n#SBATCH --output=cancel-%j.out\n"
+                            "echo started\nsleep 300\n", name="cancel.sh")
+    out = cluster.work / f"cancel-{job_id}.out"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out.exists() and "started" in out.read_text()):
+        time.sleep(0.3)
+    assert "started" in out.read_text()
+    cluster.as_user(["scancel", job_id])
+    info = cluster.wait_job(job_id, states={"CANCELLED", "COMPLETED", "FAILED"}, timeout=60)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not [
+            e for e in JobState(cluster.state_dir, job_id).events()
+            if e["event"] == "attempt.end"]:
+        time.sleep(0.3)
+    ends = [(e["attempt"], e["kind"], e["decision"])
+            for e in JobState(cluster.state_dir, job_id).events()
+            if e["event"] == "attempt.end" and e["source"] == "root"]
+    assert ends == [(0, "cancelled", "stop")], (ends, out.read_text())

@@ -136,7 +136,9 @@ def _requeued_once_and_resumed(events: list[dict[str, Any]], output: str) -> dic
     starts = [int(line.rsplit("start=", 1)[1]) for line in output.splitlines()
               if line.startswith("attempt=") and "start=" in line]
     assert starts[0] == 0 and starts[1] >= saved, (starts, saved, output)
-    ends = [(e["attempt"], e["decision"]) for e in events
+    ends = [(e["attempt"], e["kind"], e["decision"]) for e in events
             if e["event"] == "attempt.end" and e["source"] == "root"]
-    assert ends == [(0, "requeue"), (1, "done")], ends
+    # root's facts (Slurm's Restarts and time limit, the attempt's start) class the saved,
+    # requeued attempt: its time limit ended it, though its batch script ended clean
+    assert ends == [(0, "walltime", "requeue"), (1, "success", "done")], ends
     return requeued

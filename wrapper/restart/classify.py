@@ -87,6 +87,12 @@ class Evidence:
     # An OOM kill root saw for this job (cgroup memory.events, the kernel log): what and
     # where, from wrapper.restart.signals; "" when none was recorded.
     oom_kill: str = ""
+    job_id: str = ""  # to know slurmstepd's cancel line for this job in the output
+    # Seconds that were left before Slurm's time limit when the attempt ended, when Slurm's
+    # Restarts says it was requeued without jobwrap (jobwrap's supervisor once the save it
+    # asked for was on disk, or the job's own signal trap) close enough to its limit for
+    # that to be the reason (the gatherer's window); None otherwise.
+    requeued_before_limit_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,19 @@ def classify(ev: Evidence) -> Classification:
     if ev.oom_kill and failed:
         return Classification(HOST_OOM, f"the kernel's OOM killer ended it ({ev.oom_kill})",
                               "host_oom")
+    if ev.requeued_before_limit_s is not None and state != "CANCELLED":
+        left = max(0, round(ev.requeued_before_limit_s))
+        return Classification(WALLTIME, f"requeued {left} s before its time limit, by the "
+                              "job's side (jobwrap's supervisor once the save it asked for "
+                              "was on disk, or the job's own signal trap)", "walltime")
+    cancelled = _cancel_line(ev) if state != "COMPLETED" else ""
+    if cancelled and GpuFault.KIND not in ev.supervisor_events:
+        # While the job completes Slurm's record says COMPLETING and the exit Slurm hands
+        # the epilog is 0 (the batch script had not ended when it was cancelled): the line
+        # slurmstepd wrote into the job's output is all that tells. The job's own words, so
+        # they may only stop it (scancel's effect), never requeue it nor loosen a brake.
+        return Classification(CANCELLED, f"cancelled while it ran: {cancelled} (slurmstepd's "
+                              "line in the job's output)", "cancelled")
     if succeeded:
         return Classification(SUCCESS, "exit 0", "")
     if state == "CANCELLED":
@@ -215,6 +234,18 @@ def ended_by_hang(supervisor_events: tuple[str, ...]) -> bool:
     last = next((name for name in reversed(supervisor_events)
                  if name in (Hang.KIND, HangInPlace.KIND)), "")
     return last == Hang.KIND
+
+
+def _cancel_line(ev: Evidence) -> str:
+    """slurmstepd's ``*** JOB N ON node CANCELLED AT time ***`` for this job in the output
+    (scancel, or a signal to the whole job; not "DUE TO" a time limit, a preemption, a
+    node failure or a requeue, which Slurm's record tells), or ""."""
+    if not ev.job_id:
+        return ""
+    match = _last_match(re.compile(rf"^slurmstepd(?:-\S+)?: error: \*\*\* JOB "
+                                   rf"{re.escape(ev.job_id)} ON \S+ CANCELLED AT \S+ \*\*\*",
+                                   re.M), ev.output_tail)
+    return _line_of(ev.output_tail, match).strip() if match else ""
 
 
 def _sigkill(ev: Evidence) -> str:

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 OUTPUT_TAIL_BYTES = 65536  # of the job's output, read to classify the attempt
 USER_IO_TIMEOUT = 10.0  # seconds a read or write of the job's output may take
+# Seconds before its time limit within which a job that requeued itself is taken to have
+# done it for the limit (Lightning's docs use --signal=SIGUSR1@90; sites up to minutes).
+SELF_REQUEUE_WINDOW = 600.0
 
 # Root's own probe of the job's GPUs: node, GPUs -> the faults found (raises if it cannot).
 GpuConfirmer = Callable[[str, Sequence[int]], list[str]]
@@ -80,7 +83,9 @@ def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
                         unchecked=_unchecked(ctx, cfg, store, events),
                         slurm_state=job.final_state, supervisor_events=supervisor_events,
                         gpu_check_failed=gpu_check_failed, unconfirmed=unconfirmed,
-                        output_tail=tail)
+                        output_tail=tail, job_id=ctx.job_id,
+                        requeued_before_limit_s=requeued_before_limit(
+                            ctx.attempt, job, info, record, cfg, now=time.time()))
     evidence = outcome_signals.with_signals(evidence, ctx.job_id)  # root's OOM-kill facts
     history = [PastAttempt(e.attempt, e.kind, e.signature, e.checkpoint_step,
                            e.checkpoint_path)
@@ -89,6 +94,23 @@ def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
     checkpoint = latest_checkpoint(record, user, suspects)
     resumed, older = _fallback(ctx, store, record, user, events, suspects, checkpoint)
     return Gathered(evidence, job, info, history, checkpoint, resumed, older)
+
+
+def requeued_before_limit(attempt: int, job: SlurmJob, info: dict[str, str],
+                          record: JobRecord, cfg: Config, *, now: float) -> float | None:
+    """Seconds left before Slurm's time limit (its value now: ``scontrol update`` moves it)
+    when Slurm's Restarts says ``attempt`` was requeued without jobwrap within the window
+    a save before the limit takes (``walltime_lead``, and at least SELF_REQUEUE_WINDOW for
+    a job's own ``--signal=USR1@N`` trap); None otherwise. Root's facts only: Slurm's
+    record and the attempt's start in the prolog's."""
+    from wrapper.restart.requeued import requeued_without_jobwrap
+    from wrapper.slurm.records import time_limit_seconds
+
+    limit = time_limit_seconds(info.get("TimeLimit", "")) or record.time_limit_s
+    if not limit or not record.start_time or not requeued_without_jobwrap(attempt, job):
+        return None
+    left = record.start_time + limit - now
+    return left if left <= max(cfg.supervisor.walltime_lead, SELF_REQUEUE_WINDOW) else None
 
 
 def _refusal(store: JobStore, attempt: int, events: list[ev.Event]) -> str:

@@ -210,3 +210,32 @@ def test_an_oom_message_without_an_oom_kill_is_not_host_oom(tail: str) -> None:
     assert seen.kind == "host_oom"
     assert classify(Evidence(exit_code=0, exit_signal=9, slurm_state="OUT_OF_MEMORY",
                              output_tail=tail)).kind == "host_oom"
+
+
+CANCEL = "slurmstepd-n1: error: *** JOB 77 ON n1 CANCELLED AT 2026-12-04T23:29:51 ***\n"
+
+
+@pytest.mark.parametrize(("code", "tail", "extra", "kind"), [
+    (0, CANCEL, {}, "cancelled"),  # Slurm hands the epilog exit 0 for a cancelled job
+    (143, CANCEL, {}, "cancelled"),  # stopped, never requeued
+    (0, CANCEL.replace("JOB 77", "JOB 78"), {}, "success"),  # another job's line
+    (0, CANCEL.replace(" ***", " DUE TO JOB REQUEUE ***"), {}, "success"),
+    (0, CANCEL.replace("JOB 77", "STEP 77.0"), {}, "success"),  # a step, not the job
+    (0, "echo " + CANCEL, {}, "success"),  # not at the start of a line
+    (0, CANCEL, {"slurm_state": "COMPLETED"}, "success"),  # Slurm's record says otherwise
+    (0, CANCEL, {"slurm_state": "TIMEOUT"}, "walltime"),
+    (1, CANCEL, {"supervisor_events": ("gpu.fault",)}, "user_error"),  # the supervisor's end
+])
+def test_a_cancel_is_told_by_slurmstepds_line_for_this_job(code: int, tail: str,
+                                                          extra: dict, kind: str) -> None:
+    verdict = classify(Evidence(exit_code=code, output_tail=tail, job_id="77", **extra))
+    assert verdict.kind == kind, verdict
+    assert not verdict.retryable or kind != "cancelled"
+
+
+def test_a_requeue_just_before_the_limit_is_walltime_not_success() -> None:
+    verdict = classify(Evidence(exit_code=0, requeued_before_limit_s=41.6))
+    assert (verdict.kind, verdict.retryable) == ("walltime", True)
+    assert "requeued 42 s before its time limit" in verdict.detail
+    assert classify(Evidence(exit_code=0, slurm_state="CANCELLED",
+                             requeued_before_limit_s=5.0)).kind == "cancelled"

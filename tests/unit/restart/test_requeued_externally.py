@@ -124,3 +124,31 @@ def test_a_skipped_prolog_is_no_requeue(tmp_path: Path, epilog_case: EpilogCase)
     store.record(ev.PrologContext(node="n2", hook="prolog", attempt=0))
     on_n2 = JobContext(**{**later.__dict__, "node": "n2"})
     assert ended_attempt(on_n2, store).attempt == 0
+
+
+@pytest.mark.parametrize(("limit", "restarts", "kind"), [
+    ("00:02:00", "1", "walltime"),  # requeued itself 20 s before its limit
+    ("01:00:00", "1", "success"),  # an hour before: not for the limit
+    ("00:02:00", "0", "success"),  # not requeued at all
+    ("UNLIMITED", "1", "success"),
+])
+def test_a_job_that_requeued_itself_just_before_its_limit_ended_by_walltime(
+        tmp_path: Path, epilog_case: EpilogCase, limit: str, restarts: str,
+        kind: str) -> None:
+    """jobwrap's supervisor (or Lightning's signal trap) saved and requeued the job before
+    its time limit; the batch script then ended clean. Slurm's record (its Restarts, its
+    time limit now) and the attempt's start are root's facts: the time limit ended it."""
+    import time
+    from dataclasses import replace
+
+    ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, "success", "first", True)
+    record = replace(record, start_time=time.time() - 100)
+    slurm.jobs[JOB].update({"JobState": "COMPLETING", "Restarts": restarts,
+                            "TimeLimit": limit})
+    decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+                   services=Services(cfg, spawn=lambda argv: None,
+                                     gpu_confirm=lambda node, gpus: []))
+    ends = [e for e in JobStore(state).root_events() if isinstance(e, ev.AttemptEnd)]
+    assert [e.kind for e in ends] == [kind]
+    if kind == "walltime":
+        assert "before its time limit" in ends[0].detail and ends[0].decision == "requeue"
