@@ -102,7 +102,8 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         resumes = bool(resume) and (attempt > 0 or base_attempt > 0
                                     or resume_mod.RESUME_FROM in os.environ)
         base_env = spares.environ(os.environ) if spares is not None else os.environ
-        env = resume_mod.environ({**base_env, resume_mod.UNDER_RUN: "1"}, resume_mod.exports(
+        under = {resume_mod.UNDER_RUN: resume_mod.under_run_value(os.environ)}
+        env = resume_mod.environ({**base_env, **under}, resume_mod.exports(
             attempt=base_attempt + attempt, scratch=None,
             checkpoint_dir=os.path.abspath(options.checkpoint_dir)
             if options.checkpoint_dir else None,
@@ -157,6 +158,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         say(f"jobwrap run: attempt {attempt} ended: {verdict.kind} ({verdict.detail}); "
             + ("restarting in place" if decision.requeue else f"stopping: {decision.reason}"))
         if not decision.requeue:
+            _record_stop(cfg, base_attempt, verdict.kind, decision.reason)
             return code if code else 128 + sig
         if faulty is None:
             faulty = faults_after(cfg, base_attempt, text, _job_nodes(), say,
@@ -312,6 +314,19 @@ def _record_restart(cfg: Config, attempt: int, restart: int) -> None:
 
     record_claim(cfg, job_id, ev.RunRestarted(attempt=attempt, restart=restart,
                                               node=os.environ.get("SLURMD_NODENAME", "")))
+
+
+def _record_stop(cfg: Config, attempt: int, kind: str, reason: str) -> None:
+    """Note that the brakes stopped the restarts, so that the epilog does not start them
+    again from the queue; outside a Slurm job, nothing."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return
+    from wrapper.job import events as ev
+
+    record_claim(cfg, job_id, ev.RunStopped(attempt=attempt, kind_ended=kind,
+                                            reason=reason[:400],
+                                            node=os.environ.get("SLURMD_NODENAME", "")))
 
 
 def _latest(options: JobOptions) -> tuple[str, int | None] | None:

@@ -56,7 +56,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     found = _resume_point(ctx, cfg, store, record, events, batch=_is_batch(environ))
     resume = found.path if found else None
     values = exports(ctx, cfg, record, resume)
-    if environ.get(resume_mod.UNDER_RUN) == "1" and not _is_batch(environ):
+    if resume_mod.under_run(environ) and not _is_batch(environ):
         # A step of a command jobwrap run restarted: it chose the attempt and the resume
         # point between two runs, when nothing was writing; a checkpoint saved seconds
         # before the restart is not yet settled here and must not be passed over.

@@ -492,6 +492,18 @@ class RunRestarted(Event):
     restart: int = 0  # jobwrap run's own count within the Slurm attempt: 1, 2, ...
 
 
+@kind("run.stopped", writer="user")
+@dataclass(frozen=True)
+class RunStopped(Event):
+    """``jobwrap run``'s brakes stopped its restarts inside the allocation (the same error,
+    no progress, its restart limit). The user's word, and it can only stop the job: the
+    epilog then does not requeue an attempt the job's own fault ended (``RunStopped``
+    never spares a job a brake, it only saves a second round of them in the queue)."""
+
+    kind_ended: str = ""  # the class of the failure it stopped on
+    reason: str = ""
+
+
 @kind("run.spare_used", writer="user")
 @dataclass(frozen=True)
 class SpareUsed(Event):

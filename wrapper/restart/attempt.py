@@ -10,6 +10,7 @@ other nodes' faults and losses ``wrapper.restart.remote``; the pure judgement
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -81,12 +82,29 @@ def decide(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
         fallback=fallback)
     if remote and decision.requeue:  # exclude the faulty nodes, not this healthy one
         decision = replace(decision, exclude_nodes=sorted(remote))
+    decision = after_run_stopped(decision, verdict, store.user_claims(ctx.attempt))
     saved = next((e for e in store.events() if isinstance(e, ev.WalltimeRequeued)
                   and e.attempt == ctx.attempt), None)  # the supervisor's word: wording only
     decision, external = hold_back(decision, verdict, attempt=ctx.attempt, node=ctx.node,
                                    job=gathered.job,
                                    saved=saved.checkpoint or "" if saved else None)
     return Outcome(verdict, decision, gathered, external, fallback, user)
+
+
+def after_run_stopped(decision: Decision, verdict: Classification,
+                      claims: Sequence[ev.Event]) -> Decision:
+    """``decision``, or a stop when ``jobwrap run`` already restarted the work inside the
+    allocation until its brakes stopped it (``run.stopped``, the user's word: it can only
+    stop) and the failure is the job's own: a requeue would only run the same brakes
+    again, multiplying --max-restarts. A fault that is not the job's (hardware, a lost
+    node, a skipped prolog) is requeued as ever."""
+    from wrapper.restart.classify import NOT_THE_JOBS_FAULT
+
+    stopped = next((e for e in reversed(claims) if isinstance(e, ev.RunStopped)), None)
+    if stopped is None or not decision.requeue or verdict.kind in NOT_THE_JOBS_FAULT:
+        return decision
+    return Decision("stop", f"{verdict.kind}: jobwrap run restarted it inside the allocation "
+                    f"and stopped ({stopped.reason}); not requeued")
 
 
 def act(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend,

@@ -33,9 +33,22 @@ ATTEMPT = "JOBWRAP_ATTEMPT"
 SCRATCH = "JOBWRAP_SCRATCH"
 CHECKPOINT_DIR = "JOBWRAP_CHECKPOINT_DIR"
 RESUME_FROM = "JOBWRAP_RESUME_FROM"
-# Set by `jobwrap run` in its command's environment: the attempt and the resume point it
-# chose between two runs of the command, which a step's task-prolog leaves as they are.
+# Set by `jobwrap run` in its command's environment, to its job's id: the attempt and the
+# resume point it chose between two runs of the command, which a step's task-prolog
+# leaves as they are. A job submitted from inside such a command inherits the variable
+# (sbatch exports the environment): under another job's id it means nothing.
 UNDER_RUN = "JOBWRAP_RUN"
+
+
+def under_run(environ: Mapping[str, str]) -> bool:
+    """Whether this process runs under ``jobwrap run`` of its own job."""
+    value = environ.get(UNDER_RUN, "")
+    return bool(value) and value == environ.get("SLURM_JOB_ID", value)
+
+
+def under_run_value(environ: Mapping[str, str]) -> str:
+    """What ``jobwrap run`` sets UNDER_RUN to: its job's id ("1" outside a job)."""
+    return environ.get("SLURM_JOB_ID") or "1"
 # The file the supervisor touches before the time limit: a loop that sees it saves.
 SAVE_FILE = "JOBWRAP_SAVE_FILE"
 SAVE_FILE_NAME = ".jobwrap-save-now"

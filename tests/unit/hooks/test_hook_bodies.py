@@ -161,6 +161,13 @@ def test_the_task_prolog_exports_roots_resume_pick_and_says_why(tmp_path: Path,
     said = out.getvalue()
     assert "JOBWRAP_RESUME_FROM" not in said and "JOBWRAP_ATTEMPT" not in said
     assert f"export JOBWRAP_CHECKPOINT_DIR={ckpts}\n" in said
+    # ... of its own job: a job submitted from inside one inherits JOBWRAP_RUN (sbatch
+    # exports the environment), under the other job's id, and gets its own exports
+    out = io.StringIO()
+    assert task_prolog.run(ctx_of("task-prolog", attempt), cfg, out,
+                           {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "JOBWRAP_RUN": "99",
+                            "SLURM_JOB_ID": JOB}, Services(cfg)) == EXIT_OK
+    assert f"export JOBWRAP_ATTEMPT={attempt}\n" in out.getvalue()
 
 
 def test_the_task_prolog_survives_a_missing_record(tmp_path: Path) -> None:

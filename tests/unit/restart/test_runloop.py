@@ -472,3 +472,46 @@ def test_a_hang_the_supervisor_ended_the_steps_of_is_restarted_in_place_as_a_han
     assert run(["sh", "-c", script], parse_args(["--max-restarts=1"]), cfg,
                say=said.append) == 137
     assert count.read_text() == "2\n" and "restart limit reached" in said[-1], said
+
+
+def test_when_its_brakes_stop_it_the_epilog_does_not_start_them_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None,
+        epilog_case: EpilogCase) -> None:
+    """The same error twice stops jobwrap run (its same-error brake); it notes
+    ``run.stopped``, and the epilog then stops the job where it would have requeued it
+    for a second round of the same brakes (--max-restarts restarts in place, then as
+    many requeues, each with as many restarts in place)."""
+    ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, "user_error", "first", True)
+    monkeypatch.setenv("SLURM_JOB_ID", JOB)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    said: list[str] = []
+    code = run(["sh", "-c", "echo 'ValueError: bad input' >&2; exit 3"],
+               parse_args(["--max-restarts=5"]), cfg, say=said.append)
+    assert code == 3
+    assert sum("restarting in place" in line for line in said) == 1, said
+    [stopped] = [e for e in JobStore(state).events() if isinstance(e, ev.RunStopped)]
+    assert (stopped.attempt, stopped.kind_ended, stopped.source) == (0, "user_error", "user")
+    assert "the same error" in stopped.reason
+    decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+                                 services=Services(cfg, spawn=lambda argv: None))
+    assert decision.action == "stop" and "jobwrap run restarted it inside the allocation " \
+        "and stopped (the same error" in decision.reason, decision
+    assert slurm.did("requeue") == []
+
+
+@pytest.mark.parametrize(("kind", "action"), [("user_error", "requeue"),
+                                               ("hardware", "requeue")])
+def test_run_stopped_stops_only_the_jobs_own_failures(tmp_path: Path, epilog_case: EpilogCase,
+                                                      kind: str, action: str) -> None:
+    """Without ``run.stopped`` a user error is requeued as ever; with it, a fault that is
+    not the job's (root's GPU check failed) still is: its word can only stop the job's
+    own failures."""
+    ctx, cfg, state, record, slurm, failed = epilog_case(tmp_path, kind, "first", True)
+    if kind == "hardware":
+        JobStore(state).record(ev.RunStopped(attempt=0, node="n1", kind_ended="user_error",
+                                             reason="forged"))
+    decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=failed,
+                                 services=Services(cfg, spawn=lambda argv: None,
+                                                   gpu_confirm=lambda node, gpus: []))
+    assert decision.action == action, decision
