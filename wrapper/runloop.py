@@ -35,6 +35,8 @@ from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
 from wrapper.restart.classify import (
     HANG,
+    SUCCESS,
+    USER_ERROR,
     Classification,
     Evidence,
     classify,
@@ -128,8 +130,13 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         if state.stopping:
             return status if status >= 0 else 128 + sig
         text = tail.text()
+        # jobwrap ended the command's steps (the supervisor after a hang, a watcher after a
+        # GPU fault): a failure, even when the command went on past its srun and ended 0
+        # (a whole batch script under jobwrap run, [restart] batch_wrapper)
+        ended = ended_by_jobwrap(cfg, base_attempt, started_at)
+        failed = status != 0 or bool(ended)
         faulty: dict[str, str] | None = None  # asked of Slurm once per failure (or awaited)
-        if status != 0 and spares is not None:
+        if failed and spares is not None:
             faulty = faults_after(cfg, base_attempt, text, spares.nodes, say,
                                   stop=lambda: state.stopping)
             if state.stopping:  # scancel's SIGTERM came while Slurm was asked
@@ -144,9 +151,12 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         # slurmstepd's OOM-kill line there is the OOM kill root would see in Slurm.
         verdict = classify(Evidence(exit_code=code, exit_signal=sig, output_tail=text,
                                     oom_kill=oom_kill_in_output(text)))
-        if status != 0 and hung_since(cfg, base_attempt, started_at):
+        if ended == HANG:
             verdict = Classification(HANG, "no progress for the hang timeout; jobwrap's "
                                      "supervisor ended the command's steps", "hang")
+        elif ended and verdict.kind == SUCCESS:
+            verdict = Classification(USER_ERROR, f"jobwrap ended the command's steps ({ended})"
+                                     "; the command then ended 0", "ended_by_jobwrap")
         after = _latest(options)
         decision = decide(verdict, attempt=attempt - swaps, max_restarts=max_restarts,
                           no_requeue=options.no_requeue, history=state.history,
@@ -272,12 +282,19 @@ def with_directives(options: JobOptions, cfg: Config) -> JobOptions:
 def hung_since(cfg: Config, attempt: int, since: float) -> bool:
     """Whether the supervisor called this job hung in Slurm attempt ``attempt`` after
     ``since`` (a timestamp): it then ended the command's steps (``hang.in_place``), or the
-    whole job. Its ``hang`` is written before the steps are ended, so it is there when
-    the command fails. The job's own event file: the user's process deciding the user's
-    own restarts, as the command's output is."""
+    whole job."""
+    return ended_by_jobwrap(cfg, attempt, since) == HANG
+
+
+def ended_by_jobwrap(cfg: Config, attempt: int, since: float) -> str:
+    """Why jobwrap ended the job's steps in Slurm attempt ``attempt`` after ``since`` (a
+    timestamp): ``hang`` (the supervisor's, written before it ends the steps, so it is
+    there when the command fails; the job's own event file, the user's process deciding
+    the user's own restarts, as the command's output is), a node watcher's fault reason
+    (root's ``watch.ended_job``), or ""."""
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
-        return False
+        return ""
     from wrapper.errors import JobwrapError
     from wrapper.job import events as ev
     from wrapper.job.store import JobStore
@@ -285,9 +302,12 @@ def hung_since(cfg: Config, attempt: int, since: float) -> bool:
     try:
         events = JobStore.of(cfg, job_id).events()
     except (JobwrapError, OSError):
-        return False
-    return any(isinstance(e, ev.Hang) and e.attempt == attempt and e.ts >= since
-               for e in events)
+        return ""
+    late = [e for e in events if e.attempt == attempt and e.ts >= since]
+    if any(isinstance(e, ev.Hang) for e in late):
+        return HANG
+    return next((e.reason or "a fault" for e in late
+                 if isinstance(e, ev.WatchEndedJob) and e.from_root), "")
 
 
 def _record_start(cfg: Config, command: Sequence[str], attempt: int, spares: int) -> None:

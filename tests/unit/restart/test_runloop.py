@@ -474,6 +474,33 @@ def test_a_hang_the_supervisor_ended_the_steps_of_is_restarted_in_place_as_a_han
     assert count.read_text() == "2\n" and "restart limit reached" in said[-1], said
 
 
+def test_a_script_that_goes_on_after_its_steps_were_ended_still_restarts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    """A whole batch script under jobwrap run ([restart] batch_wrapper) goes on past the
+    srun the supervisor ended after a hang, and may end 0: still the hang, restarted in
+    place, not a success that would end the job half-trained."""
+    import sys
+
+    cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
+    state = JobState(tmp_path / "state", JOB)
+    state.prepare(os.getuid(), os.getgid())
+    monkeypatch.setenv("SLURM_JOB_ID", JOB)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    count = tmp_path / "count"
+    hang = (f"from pathlib import Path; from wrapper.job.state import JobState; "
+            f"JobState(Path({str(tmp_path / 'state')!r}), {JOB!r})"
+            ".append('hang', as_user=True, attempt=0, hook='supervisor')")
+    script = (f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; '
+              f'if [ "$n" = 0 ]; then {sys.executable} -c "{hang}"; fi; echo after srun')
+    said: list[str] = []
+    monkeypatch.chdir(Path(__file__).parents[3])
+    assert run(["sh", "-c", script], parse_args(["--max-restarts=1"]), cfg,
+               say=said.append) == 0
+    assert count.read_text() == "2\n"  # run again after the hang, then done
+    assert any("attempt 0 ended: hang" in line and "restarting in place" in line
+               for line in said), said
+
+
 def test_when_its_brakes_stop_it_the_epilog_does_not_start_them_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None,
         epilog_case: EpilogCase) -> None:
