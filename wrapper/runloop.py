@@ -138,7 +138,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         faulty: dict[str, str] | None = None  # asked of Slurm once per failure (or awaited)
         if failed and spares is not None:
             faulty = faults_after(cfg, base_attempt, text, spares.nodes, say,
-                                  stop=lambda: state.stopping)
+                                  since=started_at, stop=lambda: state.stopping)
             if state.stopping:  # scancel's SIGTERM came while Slurm was asked
                 return status if status >= 0 else 128 + sig
             if faulty and spares.replace_faulty(cfg, faulty, say):
@@ -172,7 +172,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
             return code if code else 128 + sig
         if faulty is None:
             faulty = faults_after(cfg, base_attempt, text, _job_nodes(), say,
-                                  stop=lambda: state.stopping)
+                                  since=started_at, stop=lambda: state.stopping)
         if state.stopping:
             return code if code else 128 + sig
         if faulty:  # never restart in place on a node root found faulty: the queue's turn
@@ -225,21 +225,22 @@ class ErrorTail:
 
 
 def faults_after(cfg: Config, attempt: int, text: str, nodes: Sequence[str] | None,
-                 say: Callable[[str], None], *,
+                 say: Callable[[str], None], *, since: float | None = None,
                  stop: Callable[[], bool] = lambda: False) -> dict[str, str]:
     """The job's nodes root or Slurm found faulty after a failed run; when srun's errors
     (``text``) say it could not reach a node of which Slurm has no verdict yet, asked
     again until it has one, for at most ``[restart] node_verdict_wait``."""
     from wrapper.slurm.parse import nodes_srun_lost
 
-    found = faulty_nodes(cfg, attempt, nodes=nodes)
     suspects = nodes_srun_lost(text, among=nodes) if nodes else []
+    found = faulty_nodes(cfg, attempt, nodes=nodes, suspects=suspects, since=since)
     wait_s = cfg.restart.node_verdict_wait
     if found or not suspects or wait_s <= 0:
         return found
     say(f"jobwrap run: srun could not reach {','.join(suspects)}; waiting up to "
         f"{wait_s:g} s for Slurm to say whether it is lost")
-    return await_verdict(lambda: faulty_nodes(cfg, attempt, nodes=nodes), suspects,
+    return await_verdict(lambda: faulty_nodes(cfg, attempt, nodes=nodes, suspects=suspects,
+                                              since=since), suspects,
                          wait_s=wait_s, stop=stop)
 
 

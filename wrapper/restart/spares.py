@@ -116,7 +116,8 @@ class Spares:
 
 
 def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None, *,
-                 nodes: Sequence[str] | None = None) -> dict[str, str]:
+                 nodes: Sequence[str] | None = None, suspects: Sequence[str] = (),
+                 since: float | None = None) -> dict[str, str]:
     """``{node: why}`` for the job's nodes (``nodes``: these of them) root found faulty
     during this attempt: a node watcher's fault in root's record here, a node drained
     with a jobwrap reason, a node Slurm lost. Root's and Slurm's facts only; outside a
@@ -142,8 +143,13 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None,
         records = dict(node_records(backend, nodes, ""))  # one request for every node
         found = faults_elsewhere(backend, list(nodes), "", attempt, events, records)
         for node, info in records.items():
-            if node not in found and node_lost(info):
-                found[node] = f"Slurm lost it ({info.get('State', '')})"
+            # a node srun could not reach whose slurmd (or boot) is newer than ``since``
+            # was lost and is back: Slurm's DOWN can last less than one look (a slurmd
+            # restarted at once, as the goodput benchmark's is), and Slurm has by then
+            # taken it out of the job's node list, the one other trace it leaves
+            if node not in found and node_lost(info, since if node in suspects else None):
+                found[node] = f"Slurm lost it ({info.get('State', '')}" + \
+                    ("" if node_lost(info) else ", back since") + ")"
     except (JobwrapError, OSError) as exc:
         log.get().warning("run.faults_unknown", error=str(exc))
         return {}

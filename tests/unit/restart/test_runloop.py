@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,6 +107,16 @@ def test_faulty_nodes_are_roots_and_slurms_facts(tmp_path: Path,
     assert faulty_nodes(cfg, 0, slurm) == {"n1": "xid 79 on gpu0", "n2": "jobwrap: xid gpu1",
                                            "n3": "Slurm lost it (DOWN*)"}
     assert faulty_nodes(cfg, 1, slurm).keys() == {"n2", "n3"}  # n1's fault was attempt 0's
+    # lost and back within one look (a slurmd restarted at once): its slurmd started
+    # after the launch did, and srun could not reach it; a node srun did not name is
+    # not judged on its slurmd's restart alone (an admin's restart harms no step)
+    launch = 1_800_000_000.0
+    back = {"State": "IDLE", "Reason": "", "SlurmdStartTime": time.strftime(
+        "%Y-%m-%dT%H:%M:%S", time.localtime(launch + 30))}
+    slurm = FakeSlurm(nodes={"n1": healthy, "n2": back, "n3": back})
+    assert faulty_nodes(cfg, 1, slurm, suspects=["n3"], since=launch) == {
+        "n3": "Slurm lost it (IDLE, back since)"}
+    assert faulty_nodes(cfg, 1, slurm, suspects=["n3"], since=launch + 60) == {}
 
 
 def test_no_restart_in_place_on_a_faulty_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -114,7 +125,7 @@ def test_no_restart_in_place_on_a_faulty_node(tmp_path: Path, monkeypatch: pytes
 
     said: list[str] = []
     monkeypatch.setattr(runloop, "faulty_nodes",
-                        lambda cfg, attempt, nodes=None: {"n2": "jobwrap: xid"})
+                        lambda cfg, attempt, nodes=None, **_: {"n2": "jobwrap: xid"})
     marker = tmp_path / "runs"
     code = run(["sh", "-c", f"echo run >> {marker}; kill -9 $$"],
                parse_args(["--max-restarts=3"]), Config(), say=said.append)
@@ -232,7 +243,8 @@ def test_run_moves_onto_a_spare_without_spending_a_restart(
         self.nodes = ["n1", "n3"]
         return True
 
-    def faulty_nodes(cfg: Config, attempt: int, nodes: object = None) -> dict[str, str]:
+    def faulty_nodes(cfg: Config, attempt: int, nodes: object = None,
+                     **_: object) -> dict[str, str]:
         asked.append(attempt)  # the first failure was a node's; the later ones the job's
         return {"n2": "xid"} if len(asked) == 1 else {}
 
@@ -266,7 +278,8 @@ def test_a_node_srun_could_not_reach_is_awaited_then_swapped_for_a_spare(
     asked: list[int] = []
     moves: list[dict[str, str]] = []
 
-    def faulty_nodes(cfg: Config, attempt: int, nodes: object = None) -> dict[str, str]:
+    def faulty_nodes(cfg: Config, attempt: int, nodes: object = None,
+                     **_: object) -> dict[str, str]:
         asked.append(attempt)
         return {"n2": "Slurm lost it (IDLE*)"} if len(asked) >= 3 else {}
 
@@ -316,7 +329,7 @@ def test_without_srun_naming_a_node_nothing_is_awaited(
 
     asked: list[int] = []
     monkeypatch.setattr(runloop, "faulty_nodes",
-                        lambda cfg, attempt, nodes=None: asked.append(attempt) or {})
+                        lambda cfg, attempt, nodes=None, **_: asked.append(attempt) or {})
     said: list[str] = []
     from wrapper.config import RestartConfig
 
