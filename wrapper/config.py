@@ -328,6 +328,11 @@ class RestartConfig(Section):
                                     "node is lost before restarting on it (Slurm marks a "
                                     "node not responding after a failed ping, within "
                                     "SlurmdTimeout).", non_negative=True)
+    batch_wrapper: str = _opt("", "Path of the jobwrap command on the compute nodes: when "
+                              "set, job_submit.lua (jobwrap install-lua) makes every batch "
+                              "script of a POSIX shell run under `jobwrap run`, so that a "
+                              "rank's crash or kill restarts inside the allocation with no "
+                              "change to the script (docs/recovery.md); \"\" off.")
 
 
 class StagingConfig(Section):

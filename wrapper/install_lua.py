@@ -43,6 +43,7 @@ class SiteDefaults:
     signal_number: int = 23
     signal_lead: int = 300
     spare_nodes: str = ""
+    batch_wrapper: str = ""
 
     @classmethod
     def from_config(cls, cfg: Config, *, max_restarts_limit: int = -1,
@@ -55,7 +56,19 @@ class SiteDefaults:
         return cls(requeue=requeue, max_restarts=cfg.restart.max_restarts,
                    max_restarts_limit=max_restarts_limit, signal_name=name,
                    signal_number=number, signal_lead=lead,
-                   spare_nodes=spare_defaults(cfg.restart.spare_nodes))
+                   spare_nodes=spare_defaults(cfg.restart.spare_nodes),
+                   batch_wrapper=batch_wrapper(cfg.restart.batch_wrapper))
+
+
+def batch_wrapper(text: str) -> str:
+    """``[restart] batch_wrapper`` checked: "" (off), or an absolute path of plain
+    characters, which job_submit.lua quotes into every wrapped script."""
+    if text and not (text.startswith("/") and re.fullmatch(r"[\w./+=,:@-]+", text)
+                     and len(text) <= 1024):
+        raise InstallError(f"[restart] batch_wrapper = {text!r}: give the absolute path of "
+                           "the jobwrap command on the compute nodes (letters, digits and "
+                           "./_+=,:@- only), e.g. \"/opt/jobwrap/bin/jobwrap\", or \"\" for off")
+    return text
 
 
 def spare_defaults(text: str) -> str:

@@ -42,6 +42,9 @@ local SITE = {
     -- Spare nodes a job gets when it asks none ([restart] spare_nodes): "PART=N,...",
     -- per partition; "" none.
     spare_nodes = "",
+    -- The jobwrap command on the compute nodes ([restart] batch_wrapper): a shell batch
+    -- script then runs under `jobwrap run`, restarting inside its allocation; "" off.
+    batch_wrapper = "",
 }
 -- END SITE
 
@@ -895,6 +898,88 @@ local function add_spares(job_desc, part_list, spares, where)
     return nil
 end
 
+-- In-allocation restarts without a change to the script ([restart] batch_wrapper). One
+-- line goes in where the script's header ends (its #! line, comments and blank lines, so
+-- that every reader of #SBATCH and #JOBWRAP lines reads what it did); run by the batch
+-- step, it execs `jobwrap run -- INTERPRETER "$0" "$@"`, which runs the same script again,
+-- where the line's test (jobwrap run exports JOBWRAP_RUN=$SLURM_JOB_ID) lets it pass.
+-- A node without the command runs the script as it was. Only scripts of a POSIX shell
+-- (sh, bash, dash, ksh, zsh: the line is theirs), and never one that already calls
+-- `jobwrap run`. wrapper/restart/batch.py takes the line out again (archive, rerun).
+local WRAP_MARK = "# jobwrap: restarts inside the allocation (job_submit.lua)"
+local WRAP_SHELLS = { sh = true, bash = true, dash = true, ksh = true, zsh = true }
+local SAFE_WORD = "^[%w%./_+=,:@-]+$"
+
+local function quoted(word)
+    return "'" .. word .. "'" -- SAFE_WORD has no quote
+end
+
+-- The #! line's words when they name a shell of WRAP_SHELLS (directly, or through env).
+local function shell_of(first_line)
+    if not starts_with(first_line, "#!") then
+        return nil, "no #! line"
+    end
+    local words = {}
+    for word in first_line:sub(3):gmatch(NOT_WS .. "+") do
+        if not word:find(SAFE_WORD) or #words >= 4 then
+            return nil, "its #! line is not a plain command"
+        end
+        words[#words + 1] = word
+    end
+    local program = words[1] or ""
+    local name = program:match("([^/]*)$")
+    if name == "env" then
+        name = words[2] or ""
+    end
+    if program:sub(1, 1) ~= "/" or not WRAP_SHELLS[name] then
+        return nil, "its #! line names no POSIX shell"
+    end
+    return words
+end
+
+-- The script with the line in, or nil and why it is left as it is.
+local function wrap_batch(script)
+    if SITE.batch_wrapper == "" then
+        return nil, "off"
+    end
+    if script:find(WRAP_MARK, 1, true) or script:find("jobwrap run", 1, true) then
+        return nil, "it runs jobwrap run itself"
+    end
+    local first_end = script:find("\n", 1, true)
+    if first_end == nil then
+        return nil, "one line"
+    end
+    local words, why = shell_of(script:sub(1, first_end - 1))
+    if words == nil then
+        return nil, why
+    end
+    -- the header ends at the first line that is neither blank nor a comment
+    local at = first_end + 1
+    while at <= #script do
+        local stop = script:find("\n", at, true) or (#script + 1)
+        local line = strip(script:sub(at, stop - 1))
+        if line ~= "" and line:sub(1, 1) ~= "#" then
+            break
+        end
+        at = stop + 1
+    end
+    if at > #script then
+        return nil, "no command"
+    end
+    if script:sub(1, at - 1):find("[\r\v\f\28\29\30]") then
+        return nil, "its header has line breaks other than newlines"
+    end
+    local interpreter = {}
+    for i, word in ipairs(words) do
+        interpreter[i] = quoted(word)
+    end
+    local command = quoted(SITE.batch_wrapper)
+    local line = string.format('[ "${JOBWRAP_RUN:-}" = "${SLURM_JOB_ID:-}" ] || '
+        .. '[ ! -x %s ] || exec %s run -- %s "$0" "$@"  %s', command, command,
+        table.concat(interpreter, " "), WRAP_MARK)
+    return script:sub(1, at - 1) .. line .. "\n" .. script:sub(at), "wrapped"
+end
+
 local function refuse(message)
     -- log_user formats its arguments like string.format: never pass text as the format.
     slurm.log_user("%s", message)
@@ -957,9 +1042,13 @@ local function submit(job_desc, part_list, submit_uid)
     end
     local signal = add_signal(job_desc)
     local stored = store_directives(job_desc, header, added)
+    local wrapped, how = wrap_batch(script)
+    if wrapped ~= nil then
+        job_desc.script = wrapped
+    end
     slurm.log_debug("jobwrap: job of uid %s: requeue=%s (%s), pre-timeout signal: %s, "
-        .. "directives for the prolog: %s", tostring(submit_uid), tostring(requeue), why,
-        signal, stored)
+        .. "directives for the prolog: %s, batch script: %s", tostring(submit_uid),
+        tostring(requeue), why, signal, stored, how)
     return slurm.SUCCESS
 end
 

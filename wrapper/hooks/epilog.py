@@ -169,8 +169,10 @@ def _archive(ctx: JobContext, cfg: Config, store: JobStore, record: jobrecord.Jo
                 script = backend.batch_script(ctx.job_id)
             except JobwrapError as exc:
                 log.get().warning("epilog.script_unavailable", error=str(exc))
+    from wrapper.restart.batch import unwrap
+
     result = archive_attempt(cfg, store.state, record, attempt=ctx.attempt, node=ctx.node,
-                             script_text=script, extra={"slurm": info,
+                             script_text=unwrap(script), extra={"slurm": info,
                                                         **forensics_of(store.state, ctx.node)})
     store.record(ev.Archived(attempt=ctx.attempt, node=ctx.node, path=str(result.path),
                              complete=result.complete, files=len(result.files),
