@@ -47,7 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,13 +115,33 @@ class Fault:
     resumed: int = -1
 
 
+@contextlib.contextmanager
+def batch_wrapped(cluster: Cluster) -> Iterator[None]:
+    """job_submit.lua with ``[restart] batch_wrapper`` set while a job is submitted: the
+    same script, restarted in its allocation with no line changed (docs/recovery.md)."""
+    from dataclasses import replace
+
+    from wrapper import config
+    from wrapper.install_lua import SiteDefaults, install, render
+
+    etc = cluster.conf.parent
+    site = SiteDefaults.from_config(config.load(str(cluster.jobwrap_config)))
+    install(etc, render(replace(site, batch_wrapper=str(cluster.runtime / "venv" / "bin" /
+                                                        "jobwrap"))))
+    try:
+        yield
+    finally:
+        install(etc, render(site, str(cluster.jobwrap_config)))
+
+
 class Run:
     """One run of the job under the schedule, jobwrap's hooks on or off."""
 
     def __init__(self, cluster: Cluster, arm: str) -> None:
         self.cluster, self.arm = cluster, arm
         self.jobwrap = arm != "baseline"
-        self.name = {"jobwrap": "gpj", "spare": "gps", "baseline": "gpb"}[arm]
+        self.name = {"jobwrap": "gpj", "spare": "gps", "wrapped": "gpw",
+                     "baseline": "gpb"}[arm]
         self.dir = cluster.work / self.name
         self.env = cluster.env()
         self.faults: list[Fault] = []
@@ -148,7 +168,11 @@ class Run:
             script = job.jobwrap_script(PYTHON, self.name)
         else:
             script = job.baseline_script(PYTHON, self.name)
-        self.job = self.cluster.submit(script, name=f"{self.name}.sh")
+        if self.arm == "wrapped":  # the requeue arm's script; the site wraps it at submit
+            with batch_wrapped(self.cluster):
+                self.job = self.cluster.submit(script, name=f"{self.name}.sh")
+        else:
+            self.job = self.cluster.submit(script, name=f"{self.name}.sh")
         deadline = time.monotonic() + RUN_TIMEOUT
         ended_since: float | None = None
         while time.monotonic() < deadline:
@@ -380,7 +404,8 @@ def nccl_scaled_hang_min(cluster: Cluster) -> None:
 
 def report(run: Run, launches: list[Launch]) -> tuple[float, float]:
     ettr, step_s = run.score(launches)
-    who = {"jobwrap": "jobwrap", "spare": "jobwrap+spare", "baseline": "baseline"}[run.arm]
+    who = {"jobwrap": "jobwrap", "spare": "jobwrap+spare", "wrapped": "jobwrap+wrapper",
+           "baseline": "baseline"}[run.arm]
     print(f"{who}: job {run.job}, {len(launches)} launches, ETTR {ettr:.3f} "
           f"(median step {step_s:.3f} s)")
     for f in run.faults:
@@ -411,6 +436,7 @@ SAVE_S = 60.0  # assumed checkpoint save time of a 1,000-node job (stated, not m
 QUEUE_S = 600.0
 # Under jobwrap run a hang restarts in place too (the supervisor ends the steps only).
 THROUGH_QUEUE = {"jobwrap": set(LLAMA3_MIX), "spare": {"walltime"},
+                 "wrapped": {"walltime", "xid", "node_loss"},
                  "baseline": {"node_loss", "walltime"}}
 
 
@@ -431,11 +457,13 @@ def projection(gaps: dict[str, float], queued: set[str] | frozenset[str] = froze
 
 
 def main() -> int:
-    """Three runs under one schedule: jobwrap, jobwrap with one spare node (the job under
-    ``jobwrap run``), and the baseline; ``GOODPUT_ARMS=spare,baseline`` runs fewer."""
+    """Four runs under one schedule: jobwrap, jobwrap with one spare node (the job under
+    ``jobwrap run``), jobwrap's script wrapped by the site's job_submit.lua
+    ([restart] batch_wrapper), and the baseline; ``GOODPUT_ARMS=spare,baseline`` runs
+    fewer."""
     began = time.monotonic()
-    arms = [a for a in os.environ.get("GOODPUT_ARMS", "jobwrap,spare,baseline").split(",")
-            if a in ("jobwrap", "spare", "baseline")]
+    wanted = os.environ.get("GOODPUT_ARMS", "jobwrap,spare,wrapped,baseline")
+    arms = [a for a in wanted.split(",") if a in ("jobwrap", "spare", "wrapped", "baseline")]
     if "baseline" not in arms:
         arms.append("baseline")
     with sandbox(gpus_per_node=1, nodes=4) as cluster:
@@ -457,6 +485,9 @@ def main() -> int:
                 print(f"{arm}'s own ledger (jobwrap status --json): {results[arm][0].ledger()}")
     baseline_ettr = scores["baseline"][0]
     gaps = {f.kind: f.gap for f in results["baseline"][0].faults if f.gap}
+    if "wrapped" in scores:
+        print(f"goodput-wrapped ettr={scores['wrapped'][0]:.3f} "
+              f"vs_baseline={scores['wrapped'][0] / baseline_ettr:.2f} goal>=0.65")
     if "spare" in scores:
         spare = results["spare"][0]
         slower = [f"{f.kind} {f.gap:.1f}>{gaps[f.kind]:.1f}" for f in spare.faults
