@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from wrapper import log
 from wrapper.config import Config
@@ -80,30 +79,10 @@ def stop(state: JobState, node: str) -> bool:
         if not same:
             return False
         proc.terminate()
-        return ended(proc, timeout=5)
+        proc.wait(timeout=5)
     except (KeyError, TypeError, ValueError, psutil.Error):
         return False
-
-
-def ended(proc: Any, *, timeout: float) -> bool:
-    """Wait until ``proc`` (a psutil.Process that is not our child) has exited: gone, or a
-    zombie its parent has not reaped yet. psutil's ``wait`` counts a zombie as running,
-    and a detached watcher's parent is PID 1, which reaps when it gets to it (seconds under
-    some inits: this wait was the epilog's slowest step on the sandbox's VM)."""
-    import psutil
-
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while True:
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+    return True
 
 
 def read_faults(cfg: Config, node: str, gpus: Sequence[int],
