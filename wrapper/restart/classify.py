@@ -239,12 +239,15 @@ def ended_by_hang(supervisor_events: tuple[str, ...]) -> bool:
 def _cancel_line(ev: Evidence) -> str:
     """slurmstepd's ``*** JOB N ON node CANCELLED AT time ***`` for this job in the output
     (scancel, or a signal to the whole job; not "DUE TO" a time limit, a preemption, a
-    node failure or a requeue, which Slurm's record tells), or ""."""
+    node failure or a requeue, which Slurm's record tells), or "". Slurm 25.11 words the
+    same end ``... DUE to SIGNAL Terminated ***`` (SIGTERM, SIGKILL) or ``... DUE TO TASK
+    FAILURE ***`` (the job's termination while its batch script runs)."""
     if not ev.job_id:
         return ""
     match = _last_match(re.compile(rf"^slurmstepd(?:-\S+)?: error: \*\*\* JOB "
-                                   rf"{re.escape(ev.job_id)} ON \S+ CANCELLED AT \S+ \*\*\*",
-                                   re.M), ev.output_tail)
+                                   rf"{re.escape(ev.job_id)} ON \S+ CANCELLED AT \S+"
+                                   r"(?: DUE to SIGNAL [A-Za-z ]{1,40}| DUE TO TASK FAILURE)?"
+                                   r" \*\*\*", re.M), ev.output_tail)
     return _line_of(ev.output_tail, match).strip() if match else ""
 
 

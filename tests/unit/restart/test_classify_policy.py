@@ -219,7 +219,13 @@ CANCEL = "slurmstepd-n1: error: *** JOB 77 ON n1 CANCELLED AT 2026-12-04T23:29:5
     (0, CANCEL, {}, "cancelled"),  # Slurm hands the epilog exit 0 for a cancelled job
     (143, CANCEL, {}, "cancelled"),  # stopped, never requeued
     (0, CANCEL.replace("JOB 77", "JOB 78"), {}, "success"),  # another job's line
-    (0, CANCEL.replace(" ***", " DUE TO JOB REQUEUE ***"), {}, "success"),
+    (0, CANCEL.replace(" ***\n", " DUE TO JOB REQUEUE ***\n"), {}, "success"),
+    (0, CANCEL.replace(" ***\n", " DUE TO TIME LIMIT ***\n"), {}, "success"),
+    (0, CANCEL.replace(" ***\n", " DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n"),
+     {}, "success"),
+    # Slurm 25.11's words for the same cancel
+    (0, CANCEL.replace(" ***\n", " DUE to SIGNAL Terminated ***\n"), {}, "cancelled"),
+    (0, CANCEL.replace(" ***\n", " DUE TO TASK FAILURE ***\n"), {}, "cancelled"),
     (0, CANCEL.replace("JOB 77", "STEP 77.0"), {}, "success"),  # a step, not the job
     (0, "echo " + CANCEL, {}, "success"),  # not at the start of a line
     (0, CANCEL, {"slurm_state": "COMPLETED"}, "success"),  # Slurm's record says otherwise
