@@ -244,7 +244,9 @@ def _cancel_line(ev: Evidence) -> str:
     FAILURE ***`` (the job's termination while its batch script runs)."""
     if not ev.job_id:
         return ""
-    match = _last_match(re.compile(rf"^slurmstepd(?:-\S+)?: error: \*\*\* JOB "
+    # 25.11 prefixes the line with its time ("[2026-12-05T01:42:17.687] error: ***")
+    match = _last_match(re.compile(r"^(?:slurmstepd(?:-\S+)?: |\[[0-9T:.-]{10,32}\] )"
+                                   rf"error: \*\*\* JOB "
                                    rf"{re.escape(ev.job_id)} ON \S+ CANCELLED AT \S+"
                                    r"(?: DUE to SIGNAL [A-Za-z ]{1,40}| DUE TO TASK FAILURE)?"
                                    r" \*\*\*", re.M), ev.output_tail)

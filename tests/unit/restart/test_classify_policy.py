@@ -226,6 +226,8 @@ CANCEL = "slurmstepd-n1: error: *** JOB 77 ON n1 CANCELLED AT 2026-12-04T23:29:5
     # Slurm 25.11's words for the same cancel
     (0, CANCEL.replace(" ***\n", " DUE to SIGNAL Terminated ***\n"), {}, "cancelled"),
     (0, CANCEL.replace(" ***\n", " DUE TO TASK FAILURE ***\n"), {}, "cancelled"),
+    (0, "[2026-12-05T01:42:17.687] error: *** JOB 77 ON n1 CANCELLED AT "
+        "2026-12-05T01:42:17 DUE to SIGNAL Terminated ***\n", {}, "cancelled"),
     (0, CANCEL.replace("JOB 77", "STEP 77.0"), {}, "success"),  # a step, not the job
     (0, "echo " + CANCEL, {}, "success"),  # not at the start of a line
     (0, CANCEL, {"slurm_state": "COMPLETED"}, "success"),  # Slurm's record says otherwise
