@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING
 from wrapper import log
 from wrapper.config import Config
 from wrapper.directives import JobOptions
+from wrapper.job import events as ev
 from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
 from wrapper.restart.classify import (
@@ -93,7 +94,8 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
     max_restarts = resume_mod.max_restarts(options, cfg)
     base_attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     spares = Spares.of(options, os.environ, working=working_before(cfg))
-    _record_start(cfg, command, base_attempt, spares.left if spares is not None else 0)
+    _note(cfg, ev.RunStarted(attempt=base_attempt, command=" ".join(command)[:400],
+                             spare_nodes=spares.left if spares is not None else 0))
     if spares is not None:
         say(f"jobwrap run: working on {spares.working} of the job's {len(spares.nodes)} "
             f"nodes; {spares.left} spare ({','.join(spares.nodes[spares.working:])})")
@@ -113,7 +115,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         if attempt > 0:
             say(f"jobwrap run: attempt {attempt}: " + (f"resuming from {resume[0]}" if resume
                 and resumes else "starting from the beginning"))
-            _record_restart(cfg, base_attempt, attempt)
+            _note(cfg, ev.RunRestarted(attempt=base_attempt, restart=attempt))
         started, started_at = time.monotonic(), time.time()
         try:
             state.child = subprocess.Popen(list(command), env=env, start_new_session=True,
@@ -168,7 +170,8 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         say(f"jobwrap run: attempt {attempt} ended: {verdict.kind} ({verdict.detail}); "
             + ("restarting in place" if decision.requeue else f"stopping: {decision.reason}"))
         if not decision.requeue:
-            _record_stop(cfg, base_attempt, verdict.kind, decision.reason)
+            _note(cfg, ev.RunStopped(attempt=base_attempt, kind_ended=verdict.kind,
+                                     reason=decision.reason[:400]))
             return code if code else 128 + sig
         if faulty is None:
             faulty = faults_after(cfg, base_attempt, text, _job_nodes(), say,
@@ -280,13 +283,6 @@ def with_directives(options: JobOptions, cfg: Config) -> JobOptions:
     return JobOptions.from_dict(merged)
 
 
-def hung_since(cfg: Config, attempt: int, since: float) -> bool:
-    """Whether the supervisor called this job hung in Slurm attempt ``attempt`` after
-    ``since`` (a timestamp): it then ended the command's steps (``hang.in_place``), or the
-    whole job."""
-    return ended_by_jobwrap(cfg, attempt, since) == HANG
-
-
 def ended_by_jobwrap(cfg: Config, attempt: int, since: float) -> str:
     """Why jobwrap ended the job's steps in Slurm attempt ``attempt`` after ``since`` (a
     timestamp): ``hang`` (the supervisor's, written before it ends the steps, so it is
@@ -311,43 +307,16 @@ def ended_by_jobwrap(cfg: Config, attempt: int, since: float) -> str:
                  if isinstance(e, ev.WatchEndedJob) and e.from_root), "")
 
 
-def _record_start(cfg: Config, command: Sequence[str], attempt: int, spares: int) -> None:
-    """Note in the job's (the user's) event file that the command runs under ``jobwrap
-    run``; outside a Slurm job, or without the job's state folder, nothing."""
+def _note(cfg: Config, event: ev.Event) -> None:
+    """Note ``event`` (run.started, run.restarted, run.stopped) in the job's (the user's)
+    event file: the supervisor times a restarted command afresh, the epilog does not
+    requeue what jobwrap run's brakes stopped. Outside a Slurm job, or without the job's
+    state folder, nothing."""
+    from dataclasses import replace
+
     job_id = os.environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return
-    from wrapper.job import events as ev
-
-    record_claim(cfg, job_id, ev.RunStarted(attempt=attempt,
-                                       node=os.environ.get("SLURMD_NODENAME", ""),
-                                       command=" ".join(command)[:400],
-                                       spare_nodes=spares))
-
-
-def _record_restart(cfg: Config, attempt: int, restart: int) -> None:
-    """Note each restart in the job's (the user's) event file, so that the supervisor
-    times the new command's start-up afresh; outside a Slurm job, nothing."""
-    job_id = os.environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return
-    from wrapper.job import events as ev
-
-    record_claim(cfg, job_id, ev.RunRestarted(attempt=attempt, restart=restart,
-                                              node=os.environ.get("SLURMD_NODENAME", "")))
-
-
-def _record_stop(cfg: Config, attempt: int, kind: str, reason: str) -> None:
-    """Note that the brakes stopped the restarts, so that the epilog does not start them
-    again from the queue; outside a Slurm job, nothing."""
-    job_id = os.environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return
-    from wrapper.job import events as ev
-
-    record_claim(cfg, job_id, ev.RunStopped(attempt=attempt, kind_ended=kind,
-                                            reason=reason[:400],
-                                            node=os.environ.get("SLURMD_NODENAME", "")))
+    if job_id.isdigit():
+        record_claim(cfg, job_id, replace(event, node=os.environ.get("SLURMD_NODENAME", "")))
 
 
 def _latest(options: JobOptions) -> tuple[str, int | None] | None:
