@@ -157,3 +157,28 @@ def test_a_printed_cancel_line_can_only_stop_the_job(cluster: Cluster) -> None:
     assert ends == [(0, "cancelled", "stop")], ends
     node = cluster.as_user(["scontrol", "show", "node", "n1"]).stdout
     assert "DRAIN" not in node, node
+
+
+RUN_STOPPED = """#!/bin/bash
+#SBATCH --output={work}/runstopped-%j.out -w n1
+#JOBWRAP --max-restarts=3
+line='"event":"run.stopped","attempt":0,"node":"n1","kind_ended":"user_error","reason":"x"'
+printf '{{"ts":%s,%s}}\\n' "$(date +%s.%N)" "$line" \\
+  >> {state}/jobs/$SLURM_JOB_ID/user-events.jsonl
+exit 1
+"""
+
+
+def test_a_forged_run_stopped_can_only_stop_the_job(cluster: Cluster) -> None:
+    """``run.stopped`` is the user's word that jobwrap run's brakes already stopped: the
+    epilog then stops the job's own failure rather than requeue it. Forged, it only ends
+    the forger's own job, with nothing counted against the node."""
+    job_id = cluster.submit(RUN_STOPPED.format(work=cluster.work, state=cluster.state_dir),
+                            name="runstopped.sh")
+    info = cluster.wait_job(job_id, timeout=120)
+    ends = [(e["attempt"], e["kind"], e["decision"]) for e in root_events(cluster, job_id)
+            if e["event"] == "attempt.end"]
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", info
+    assert ends == [(0, "user_error", "stop")], ends
+    node = cluster.as_user(["scontrol", "show", "node", "n1"]).stdout
+    assert "DRAIN" not in node, node
