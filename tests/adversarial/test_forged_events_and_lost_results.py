@@ -182,3 +182,34 @@ def test_a_forged_run_stopped_can_only_stop_the_job(cluster: Cluster) -> None:
     assert ends == [(0, "user_error", "stop")], ends
     node = cluster.as_user(["scontrol", "show", "node", "n1"]).stdout
     assert "DRAIN" not in node, node
+
+
+SKIP_CLAIM = """#!/bin/bash
+#SBATCH --output={work}/skipclaim-%j.out -N2
+#JOBWRAP --max-restarts=1
+for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST") n4 nx; do
+  echo "jobwrap: the job did not start on $node: jobwrap's prolog did not run on $node for \\
+attempt $JOBWRAP_ATTEMPT (slurmd before 23.02 skips it)"
+done
+exit 1
+"""
+
+
+def test_a_printed_skip_of_another_node_is_weighed_against_roots_record(
+        cluster: Cluster) -> None:
+    """The task-prolog's line for a node of the job whose prolog Slurm skipped is the one
+    word of it the first node's epilog gets where state is node-local. Printed by the job
+    for its own nodes (whose prolog root's shared record shows), and for nodes outside
+    its allocation: not believed. The failure stays the job's own, the no-progress brake
+    holds, nothing is excluded, no node is drained."""
+    job_id = cluster.submit(SKIP_CLAIM.format(work=cluster.work), name="skipclaim.sh")
+    info = cluster.wait_job(job_id, timeout=150)
+    output = (cluster.work / f"skipclaim-{job_id}.out").read_text()
+    ends = [(e["attempt"], e["kind"], e["decision"], e["exclude"])
+            for e in root_events(cluster, job_id) if e["event"] == "attempt.end"]
+    assert info["JobState"] == "FAILED", output
+    assert ends == [(0, "user_error", "requeue", []), (1, "user_error", "stop", [])], \
+        (ends, output)
+    assert cluster.job(job_id).get("ExcNodeList") in (None, "", "(null)")
+    states = cluster.node_states()
+    assert all("drain" not in state for state in states.values()), states

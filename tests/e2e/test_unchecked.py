@@ -7,10 +7,13 @@ node within seconds gets no Prolog there (Slurm bug 15656). Here job A fails onc
 comes back to n1, where job B launches a step after another, while n2 and n3 are full.
 On 22.05 the task-prolog must end attempt 1 there before the job's code runs, and the
 first node's epilog must requeue it away from n1 (class ``unchecked``): it then runs on
-n2, checked. On 25.11 (its cache keyed by each run's SLUID) the prolog runs every attempt.
-On both, every attempt whose code ran has root's prolog record on its node. The skip is a
-race with slurmd's cache scan, and under cgroup containment a step launches more slowly:
-on 22.05 a try that misses it (its prolog ran, checked) is run again, up to TRIES times.
+n2, checked. The same on the job's second node (A on n1 and n2, n2 kept busy): there the
+first node's root has no record of the skip, and the task-prolog's line in the job's
+output tells its epilog, which requeues the job away from n2. On 25.11 (its cache keyed
+by each run's SLUID) the prolog runs every attempt. On both, every attempt whose code ran
+has root's prolog record on its node. The skip is a race with slurmd's cache scan, and
+under cgroup containment a step launches more slowly: on 22.05 a try that misses it (its
+prolog ran, checked) is run again, up to TRIES times.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import re
 import subprocess
 import time
 
+import pytest
+
 from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
 
@@ -26,6 +31,17 @@ JOB_A = """#!/bin/bash
 #SBATCH --output=unchecked-%j.out
 #SBATCH --open-mode=append
 echo "code ran: attempt ${JOBWRAP_ATTEMPT:-?} on $SLURMD_NODENAME"
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 2; exit 1; fi
+echo finished
+"""
+# The same job on two nodes, its code in a step: the skip on the second node, where the
+# first node's root has no record of it (state is node-local): only the task-prolog's
+# line in the job's output tells the first node's epilog.
+JOB_A_TWO_NODES = """#!/bin/bash
+#SBATCH --output=unchecked-%j.out
+#SBATCH --open-mode=append
+srun -N2 -n2 -c1 bash -c 'echo "code ran: attempt ${JOBWRAP_ATTEMPT:-?} on $SLURMD_NODENAME"' \\
+  || exit 1
 if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 2; exit 1; fi
 echo finished
 """
@@ -43,11 +59,13 @@ def _slurm_before_23_02(cluster: Cluster) -> bool:
 TRIES = 3  # the skip is a race with slurmd's cache scan: a try that misses it is rerun
 
 
-def _follow(cluster: Cluster, fillers: list[str], jobs: list[str]
+def _follow(cluster: Cluster, fillers: list[str], jobs: list[str], nodes: int = 1
             ) -> tuple[str, dict[str, str], str, list[dict[str, object]]]:
-    """Submit job A and follow it to its end, freeing n2 once an attempt was caught
-    unchecked on n1; (job id, Slurm's record, its output, root's events)."""
-    job_id = cluster.submit(JOB_A, "-N1", "-c1", "--requeue", name="unchecked.sh")
+    """Submit job A on ``nodes`` nodes and follow it to its end, freeing the first
+    filler's node once an attempt was caught unchecked; (job id, Slurm's record, its
+    output, root's events)."""
+    job_id = cluster.submit(JOB_A if nodes == 1 else JOB_A_TWO_NODES, f"-N{nodes}", "-c1",
+                            "--requeue", name="unchecked.sh")
     jobs.append(job_id)
     state = JobState(cluster.state_dir, job_id)
     deadline = time.monotonic() + 150
@@ -67,18 +85,24 @@ def _follow(cluster: Cluster, fillers: list[str], jobs: list[str]
     return job_id, info, output, state.events(root_only=True)
 
 
+# where the skip is made: (the node kept busy, the nodes filled, job A's nodes)
+LAYOUTS = {"first node": ("n1", ("n2", "n3"), 1), "second node": ("n2", ("n3",), 2)}
+
+
+@pytest.mark.parametrize("where", sorted(LAYOUTS))
 def test_an_attempt_slurm_ran_without_the_prolog_never_runs_the_jobs_code(
-        cluster: Cluster) -> None:
+        cluster: Cluster, where: str) -> None:
     old_slurm = _slurm_before_23_02(cluster)
+    skip_on, filled, nodes = LAYOUTS[where]
     fillers = [cluster.submit(FILL, "-w", node, "-c2", name=f"fill-{node}.sh")
-               for node in ("n2", "n3")]
-    busy = cluster.submit(BUSY, "-w", "n1", "-c1", name="busy.sh")
+               for node in filled]
+    busy = cluster.submit(BUSY, "-w", skip_on, "-c1", name="busy.sh")
     jobs = [*fillers, busy]
     try:
         for job in jobs:
             cluster.wait_job(job, states={"RUNNING"})
         for _try in range(TRIES if old_slurm else 1):
-            _job_id, info, output, events = _follow(cluster, fillers, jobs)
+            _job_id, info, output, events = _follow(cluster, fillers, jobs, nodes)
             assert info.get("JobState") == "COMPLETED", (info, output)
             prologs = {(e["node"], e["attempt"]) for e in events
                        if e["event"] == "prolog.context"}
@@ -95,14 +119,15 @@ def test_an_attempt_slurm_ran_without_the_prolog_never_runs_the_jobs_code(
         if old_slurm:  # reproduced (within TRIES), caught, and healed off the node
             assert skipped, f"the skip was not reproduced in {TRIES} tries: {output}"
             assert ends[1]["kind"] == "unchecked", (ends, output)
-            assert ends[1]["decision"] == "requeue" and ends[1]["exclude"] == ["n1"]
-            assert [(e["node"], e["attempt"]) for e in skipped] == [("n1", 1)]
-            assert "jobwrap: the job did not start on n1: jobwrap's prolog did not run on " \
-                   "n1 for attempt 1" in output
-            assert ("n1", 1) not in ran
-            assert ran[-1] == ("n2", 2), output
+            assert ends[1]["decision"] == "requeue" and ends[1]["exclude"] == [skip_on]
+            assert [(e["node"], e["attempt"]) for e in skipped] == [(skip_on, 1)]
+            assert f"jobwrap: the job did not start on {skip_on}: jobwrap's prolog did not " \
+                   f"run on {skip_on} for attempt 1" in output
+            assert (skip_on, 1) not in ran
+            assert filled[0] in {node for node, attempt in ran if attempt == 2}, output
+            assert ends[2]["kind"] == "success", (ends, output)
         else:  # the prolog ran for every attempt: nothing to catch
-            assert skipped == [] and ran == [("n1", 0), ("n1", 1)], output
+            assert skipped == [] and {a for _n, a in ran} == {0, 1}, output
         assert "finished" in output
     finally:
         subprocess.run(["scancel", *jobs], env=cluster.env(), check=False)

@@ -78,7 +78,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         ends = cfg.hooks.unchecked_attempt == "requeue"
         log.get().warning("task-prolog.unchecked", node=ctx.node, attempt=ctx.attempt,
                           action=cfg.hooks.unchecked_attempt)
-        out.write(f"print jobwrap: {unchecked_message(ctx, ends=ends)}\n")
+        out.write(f"print {unchecked_message(ctx, ends=ends)}\n")
         out.flush()
         if ends:  # before the job's code: a non-zero task-prolog ends the task unrun
             return 1
@@ -101,13 +101,13 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
 
 def unchecked_message(ctx: JobContext, *, ends: bool) -> str:
     """What the job's output says when this node's prolog did not run for the attempt."""
-    why = (f"{ev.prolog_skipped(ctx.node, ctx.attempt)}, so nothing checked this node's GPUs "
-           f"or staged the job's data here")
-    if ends:
-        return (f"the job did not start on {ctx.node}: {why}; this attempt ends before the "
-                f"job's code runs and is requeued away from {ctx.node} "
+    why = "so nothing checked this node's GPUs or staged the job's data here"
+    if ends:  # the first node's epilog reads this line back (ev.claimed_unchecked)
+        return (f"{ev.did_not_start(ctx.node, ctx.attempt)}, {why}; this attempt ends "
+                f"before the job's code runs and is requeued away from {ctx.node} "
                 f"([hooks] unchecked_attempt = \"requeue\")")
-    return f"warning: {why}; it runs unchecked ([hooks] unchecked_attempt = \"run\")"
+    return (f"jobwrap: warning: {ev.prolog_skipped(ctx.node, ctx.attempt)}, {why}; it runs "
+            f"unchecked ([hooks] unchecked_attempt = \"run\")")
 
 
 def _is_batch(env: Mapping[str, str]) -> bool:

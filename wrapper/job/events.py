@@ -15,6 +15,7 @@ docs/events.md is generated from this registry by tools/events-doc.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
 from typing import Any, ClassVar, TypeVar
@@ -428,6 +429,26 @@ def prolog_skipped(node: str, attempt: int) -> str:
     the job's output, root's record of it and the epilog's verdict all say this."""
     return (f"jobwrap's prolog did not run on {node} for attempt {attempt} (slurmd before "
             f"23.02 skips it for a job requeued back onto a node within seconds)")
+
+
+def did_not_start(node: str, attempt: int) -> str:
+    """How the task-prolog's line in the job's output begins when it ends a task on
+    ``node`` for a prolog that did not run there: the first node's epilog reads it back
+    (``claimed_unchecked``)."""
+    return f"jobwrap: the job did not start on {node}: {prolog_skipped(node, attempt)}"
+
+
+# did_not_start's line, with srun's optional --label prefix ("1: "); the node named twice
+_DID_NOT_START = re.compile(r"^(?:\d{1,7}: )?jobwrap: the job did not start on "
+                            r"(?P<node>[A-Za-z0-9._-]{1,64}): jobwrap's prolog did not run "
+                            r"on (?P=node) for attempt (?P<attempt>\d{1,6}) ", re.M)
+
+
+def claimed_unchecked(text: str, attempt: int) -> list[str]:
+    """The nodes whose task-prolog said in ``text`` (the job's output) that it ended
+    ``attempt``'s tasks there, unchecked: the job's words, for the caller to weigh."""
+    return sorted({m["node"] for m in _DID_NOT_START.finditer(text)
+                   if int(m["attempt"]) == attempt})
 
 
 @kind("attempt.unchecked", writer="root")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from wrapper.job import events as ev
 from wrapper.lean import dataclass
-from wrapper.restart.classify import Classification
+from wrapper.restart.classify import UNCHECKED, Classification
 from wrapper.restart.policy import Decision
 
 if TYPE_CHECKING:
@@ -67,6 +67,9 @@ def decide(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
     # A fault a watcher found on another node of the job: hardware, that node excluded.
     verdict, remote = with_remote_faults(
         verdict, backend, ctx, store.root_events(), gathered.info)
+    if verdict.kind == UNCHECKED:  # the nodes Slurm skipped the prolog on, if not this one
+        remote = {**dict.fromkeys(gathered.evidence.unchecked_elsewhere, "unchecked"),
+                  **remote}
     options, checkpoint = record.job_options, gathered.checkpoint
     resumed, older = gathered.resumed, gathered.older
     fallback = (resumed.path, older.path) if resumed and older and suspect(
@@ -80,7 +83,7 @@ def decide(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
         checkpoint_path=checkpoint.path if checkpoint else None,
         node="" if remote else ctx.node, no_progress_limit=cfg.restart.no_progress_limit,
         fallback=fallback)
-    if remote and decision.requeue:  # exclude the faulty nodes, not this healthy one
+    if remote and decision.requeue:  # exclude those nodes, not this healthy one
         decision = replace(decision, exclude_nodes=sorted(remote))
     decision = after_run_stopped(decision, verdict, store.user_claims(ctx.attempt))
     saved = next((e for e in store.events() if isinstance(e, ev.WalltimeRequeued)

@@ -81,8 +81,10 @@ class Evidence:
     unconfirmed: tuple[str, ...] = ()  # claims from the user's side root did not confirm
     staging_error: str = ""  # why the prolog could not stage the job's data
     # Root's record has no prolog on this node for the attempt, and the task-prolog ended
-    # it there before the job's code ran ([hooks] unchecked_attempt = "requeue").
+    # it there before the job's code ran ([hooks] unchecked_attempt = "requeue"); or the
+    # task-prolog of another node of the job said so of its node (``unchecked_elsewhere``).
     unchecked: str = ""
+    unchecked_elsewhere: tuple[str, ...] = ()
     output_tail: str = ""
     # An OOM kill root saw for this job (cgroup memory.events, the kernel log): what and
     # where, from wrapper.restart.signals; "" when none was recorded.
@@ -116,7 +118,10 @@ def classify(ev: Evidence) -> Classification:
         return Classification(PREEMPTED, "preempted by Slurm", "preempted")
     succeeded = state == "COMPLETED" or (ev.exit_code == 0 and not ev.exit_signal
                                          and state not in ("CANCELLED", "FAILED"))
-    if ev.unchecked and not succeeded and state != "CANCELLED":
+    # (the survivors of a task the task-prolog ended wait for it until the supervisor
+    # ends the attempt as a hang; a cancel by the user is no skip's doing)
+    if ev.unchecked and not succeeded and (state != "CANCELLED"
+                                           or ended_by_hang(ev.supervisor_events)):
         return Classification(UNCHECKED, f"{ev.unchecked}; the task-prolog ended the attempt "
                               "before the job's code started", "unchecked")
     if ev.staging_error:

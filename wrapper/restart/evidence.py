@@ -72,15 +72,22 @@ def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
         info = backend.job_info(ctx.job_id)
     except JobwrapError as exc:
         log.get().warning("epilog.job_info_unavailable", error=str(exc))
-    tail = this_attempt(output_tail(record, user), ctx.attempt)
+    raw = output_tail(record, user)
+    tail = this_attempt(raw, ctx.attempt)
     if not gpu_check_failed and not gpu_checked and (
             ev.GpuFault.KIND in supervisor_events or ev.GpuFault.KIND in claims
             or reports_gpu_fault(tail)):
         gpu_check_failed = _confirm_gpu_fault(ctx, cfg, store, confirm)
     job = SlurmJob.of(info)
+    unchecked = _unchecked(ctx, cfg, store, events)
+    elsewhere: tuple[str, ...] = ()
+    if not unchecked:
+        elsewhere = _claimed_unchecked(ctx, cfg, store, events, raw)
+        unchecked = "; ".join(f"{ev.prolog_skipped(node, ctx.attempt)}, as its task-prolog "
+                              "wrote in the job's output" for node in elsewhere)
     evidence = Evidence(exit_code=ctx.exit_code, exit_signal=ctx.exit_signal,
                         staging_error=_refusal(store, ctx.attempt, events),
-                        unchecked=_unchecked(ctx, cfg, store, events),
+                        unchecked=unchecked, unchecked_elsewhere=elsewhere,
                         slurm_state=job.final_state, supervisor_events=supervisor_events,
                         gpu_check_failed=gpu_check_failed, unconfirmed=unconfirmed,
                         output_tail=tail, job_id=ctx.job_id,
@@ -130,6 +137,24 @@ def _unchecked(ctx: JobContext, cfg: Config, store: JobStore, events: list[ev.Ev
                                                                     events):
         return ""
     return ev.prolog_skipped(ctx.node, ctx.attempt)
+
+
+def _claimed_unchecked(ctx: JobContext, cfg: Config, store: JobStore,
+                       events: list[ev.Event], text: str) -> tuple[str, ...]:
+    """The job's other nodes whose task-prolog ended this attempt's tasks there because
+    jobwrap's prolog did not run (its line in the job's output), that root's record does
+    not contradict: the first node's root sees no other node's record where state is
+    node-local, so the line is the only word of it that reaches this decision.
+
+    It is the job's word, and all it can obtain is what the job's user may do to their
+    own job without jobwrap: a requeue (at most --max-restarts of them, as for a skip on
+    this node) that leaves out a node of its own allocation. It drains nothing, and a node
+    whose prolog record root can see (a state folder the nodes share) is not believed."""
+    if cfg.hooks.unchecked_attempt != "requeue":
+        return ()
+    return tuple(node for node in ev.claimed_unchecked(text, ctx.attempt)
+                 if node in ctx.nodes and node != ctx.node
+                 and not store.prolog_ran(node, ctx.attempt, events))
 
 
 def this_attempt(tail: str, attempt: int) -> str:

@@ -10,6 +10,7 @@ requeue, and nothing the job prints can pass for Slurm's skip.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from collections.abc import Sequence
@@ -134,3 +135,75 @@ def test_the_same_error_on_both_sides_of_a_skip_is_still_the_same_error() -> Non
                                                              ("unchecked", "unchecked")])
     assert decision.action == "stop" and "the same error ended attempts 0 and 2" in \
         decision.reason
+
+
+SKIPPED_ON_N2 = ("jobwrap: the job did not start on n2: jobwrap's prolog did not run on n2 "
+                 "for attempt 1 (slurmd before 23.02 skips it ...), so nothing checked ...\n")
+
+
+def _skip_on_the_second_node(tmp_path: Path, epilog_case: EpilogCase, output: str, *,
+                             n2_prolog: bool = False) -> tuple[Decision, ev.AttemptEnd]:
+    """Attempt 1 of a job on n1 and n2 after a failure at the same checkpoint (the
+    no-progress brake would stop it), its rank on n1 ended by the supervisor as a hang
+    while it waited for the rank n2's task-prolog ended; as the first node's epilog
+    finds it where state is node-local (no record of n2 here)."""
+    ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, "hang", "one_failure_before",
+                                                    True)
+    ctx = dataclasses.replace(ctx, nodes=["n1", "n2"])
+    if n2_prolog:  # root's record of it, visible here (a state folder the nodes share)
+        JobStore(state).record(ev.PrologContext(node="n2", hook="prolog", attempt=1))
+    Path(record.stdout).write_text("jobwrap: attempt 1 after user_error\n" + output)
+    slurm.jobs[JOB]["JobState"] = "CANCELLED"  # the supervisor's scancel
+    decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+                                 services=Services(cfg, spawn=lambda argv: None))
+    end = JobStore(state).last_end()
+    assert isinstance(end, ev.AttemptEnd)
+    return decision, end
+
+
+def test_a_skip_on_another_node_requeues_the_job_away_from_it(
+        tmp_path: Path, epilog_case: EpilogCase) -> None:
+    """The first node sees no other node's prolog record: the task-prolog's line in the
+    job's output is what tells it. Classed ``unchecked``: requeued past the no-progress
+    brake, with n2 (not this node) excluded."""
+    decision, end = _skip_on_the_second_node(tmp_path, epilog_case, SKIPPED_ON_N2)
+    assert (end.kind, end.decision) == ("unchecked", "requeue"), end
+    assert "jobwrap's prolog did not run on n2 for attempt 1" in end.detail
+    assert decision.exclude_nodes == ["n2"]
+
+
+@pytest.mark.parametrize("line", [
+    SKIPPED_ON_N2.replace("on n2", "on n3"),  # a node outside the job's allocation
+    SKIPPED_ON_N2.replace("attempt 1", "attempt 0"),  # another attempt's line
+    SKIPPED_ON_N2.replace("on n2:", "on n1:").replace("run on n2", "run on n1"),  # this node
+    SKIPPED_ON_N2.replace("run on n2", "run on n1"),  # two nodes in one line
+    "  " + SKIPPED_ON_N2,  # not at a line's start
+])
+def test_a_skip_claim_that_does_not_fit_the_attempt_is_not_believed(
+        tmp_path: Path, epilog_case: EpilogCase, line: str) -> None:
+    decision, end = _skip_on_the_second_node(tmp_path, epilog_case, line)
+    assert (end.kind, end.decision) == ("hang", "stop"), end
+    assert decision.exclude_nodes == []
+
+
+def test_root_record_of_the_nodes_prolog_outweighs_the_claim(
+        tmp_path: Path, epilog_case: EpilogCase) -> None:
+    """Where the nodes share root's state folder, root's record of n2's prolog for the
+    attempt says the line is not Slurm's skip."""
+    decision, end = _skip_on_the_second_node(tmp_path, epilog_case, SKIPPED_ON_N2,
+                                             n2_prolog=True)
+    assert (end.kind, end.decision) == ("hang", "stop"), end
+    assert decision.exclude_nodes == []
+
+
+def test_the_task_prologs_line_is_the_one_the_epilog_reads_back() -> None:
+    from wrapper.hooks.task_prolog import unchecked_message
+
+    ctx = JobContext(hook="task_prolog", job_id=JOB, user="u", uid=os.getuid(),
+                     gid=os.getgid(), node="gpu-a07.rack3", nodes=["gpu-a01", "gpu-a07.rack3"],
+                     gpus=[0], attempt=12)
+    line = unchecked_message(ctx, ends=True)
+    assert ev.claimed_unchecked(line, 12) == ["gpu-a07.rack3"]
+    assert ev.claimed_unchecked(f"3: {line}", 12) == ["gpu-a07.rack3"]  # srun --label
+    assert ev.claimed_unchecked(line, 1) == []
+    assert ev.claimed_unchecked(unchecked_message(ctx, ends=False), 12) == []  # it ran
