@@ -36,6 +36,8 @@ from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
 from wrapper.restart.classify import (
     HANG,
+    HARDWARE,
+    NODE_FAILURE,
     SUCCESS,
     USER_ERROR,
     Classification,
@@ -101,6 +103,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
             f"nodes; {spares.left} spare ({','.join(spares.nodes[spares.working:])})")
     attempt = 0
     swaps = 0  # restarts onto a spare: a node's fault, so none of --max-restarts
+    before = ("", 0.0)  # what ended the command before this restart, and when (the ledger)
     while True:
         resume = _latest(options)
         resumes = bool(resume) and (attempt > 0 or base_attempt > 0
@@ -115,7 +118,8 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         if attempt > 0:
             say(f"jobwrap run: attempt {attempt}: " + (f"resuming from {resume[0]}" if resume
                 and resumes else "starting from the beginning"))
-            _note(cfg, ev.RunRestarted(attempt=base_attempt, restart=attempt))
+            _note(cfg, ev.RunRestarted(attempt=base_attempt, restart=attempt,
+                                       kind_ended=before[0], ended_at=before[1]))
         started, started_at = time.monotonic(), time.time()
         try:
             state.child = subprocess.Popen(list(command), env=env, start_new_session=True,
@@ -125,6 +129,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
             return 127
         tail = ErrorTail(state.child.stderr)
         status = state.child.wait()
+        ended_at = time.time()
         tail.finish()
         code, sig = (status, 0) if status >= 0 else (0, -status)
         logger.info("run.attempt_end", attempt=attempt, exit_code=code, signal=sig,
@@ -145,6 +150,8 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
                 return status if status >= 0 else 128 + sig
             if faulty and spares.replace_faulty(cfg, faulty, say):
                 attempt, swaps = attempt + 1, swaps + 1
+                lost = all(why.startswith("Slurm lost") for why in faulty.values())
+                before = (NODE_FAILURE if lost else HARDWARE, ended_at)
                 continue
         # srun's own words tell a rank's segfault from its kill where srun's status is the
         # same (143 after --kill-on-bad-exit): without them two different faults would
@@ -186,7 +193,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         state.history.append(PastAttempt(attempt, verdict.kind, verdict.signature,
                                          after[1] if after else None,
                                          after[0] if after else None))
-        attempt += 1
+        attempt, before = attempt + 1, (verdict.kind, ended_at)
 
 
 class ErrorTail:

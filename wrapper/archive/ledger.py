@@ -22,6 +22,13 @@ and an attempt with no checkpoint counts from its start. Times are clamped so th
 attempts never overlap and checkpoints lie within their attempt: a clock skew between
 nodes moves seconds between buckets, never makes them negative.
 
+Restarts inside the allocation (``jobwrap run``'s ``run.restarted``) cut a Slurm attempt
+into parts, each an attempt here (``restart`` 1, 2, ... within its ``number``): the
+work after the last checkpoint before the failure is lost and the relaunch is a gap, as
+for a requeue. A part that ended so is ``in_place``: its class is jobwrap run's word (the
+job's user's), which ``jobwrap report``'s failure and node counts and the AdminComment
+leave out; the attempt's last part carries root's verdict.
+
 The ONE place that reads jobwrap's event vocabulary is ``from_summaries``: it takes the
 ``AttemptSummary`` records that ``jobwrap status`` and the archive manifest both hold.
 Checkpoint events come from the supervisor, which runs as the job's user: the ledger is
@@ -37,7 +44,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, field
+from dataclasses import asdict, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from wrapper.lean import dataclass
@@ -72,6 +79,15 @@ class Attempt:
     nodes: tuple[str, ...] = ()
     resumed_step: int | None = None  # the checkpoint step it started from, when known
     first_progress: float | None = None  # when measured (a progress event); else estimated
+    restart: int = 0  # jobwrap run's restart inside Slurm attempt ``number`` (0: its start)
+    # ended by jobwrap run's restart inside the allocation: ``kind`` is jobwrap run's word
+    # (the job's user's), not root's verdict
+    in_place: bool = False
+
+    @property
+    def fresh(self) -> bool:
+        """The job's very first start: it works from step 0."""
+        return self.number == 0 and self.restart == 0
 
 
 @dataclass
@@ -88,6 +104,8 @@ class AttemptLedger:
     startup_s: float
     checkpoints: int
     save_interval_s: float | None  # median seconds between its checkpoints
+    restart: int = 0  # jobwrap run's restart inside Slurm attempt ``number``
+    in_place: bool = False  # ended by that restart: ``kind`` is jobwrap run's word
 
 
 @dataclass
@@ -112,7 +130,7 @@ class Ledger:
 
 def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
     """The ledger of one job whose attempts these are (any order)."""
-    ordered = sorted(attempts, key=lambda a: (a.number, a.started_at))
+    ordered = sorted(attempts, key=lambda a: (a.number, a.restart, a.started_at))
     ledger = Ledger()
     if not ordered:
         return ledger
@@ -137,7 +155,8 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
             number=attempt.number, kind=kind, nodes=list(attempt.nodes), started_at=start,
             first_progress=progress, ended_at=end, productive_s=kept_until - progress,
             lost_s=end - kept_until, gap_before_s=0.0, startup_s=0.0,
-            checkpoints=len(points), save_interval_s=_median_interval(points))
+            checkpoints=len(points), save_interval_s=_median_interval(points),
+            restart=attempt.restart, in_place=attempt.in_place)
         if previous_end is None:
             entry.startup_s = progress - start
         else:
@@ -167,7 +186,8 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
 # What ``jobwrap report`` needs of an attempt, in this order: the archive index keeps
 # ledgers so, a few hundred bytes a job.
 _BRIEF = ("number", "kind", "nodes", "started_at", "ended_at", "productive_s", "lost_s",
-          "checkpoints")
+          "checkpoints", "restart", "in_place")
+_BRIEF_BEFORE_IN_PLACE = 8  # rows an index made before restarts in place were cut
 
 
 def ledger_brief(ledger: Ledger) -> dict[str, Any]:
@@ -184,7 +204,9 @@ def ledger_from_brief(data: dict[str, Any]) -> Ledger:
     its default. Built by setting each record's fields whole (``_filled``): ``jobwrap
     report`` makes a few hundred thousand of them, and the records' generic ``__init__``
     was half its time."""
-    attempts = [_filled(AttemptLedger, _ATTEMPT_DEFAULTS, zip(_BRIEF, row, strict=True))
+    attempts = [_filled(AttemptLedger, _ATTEMPT_DEFAULTS,
+                        zip(_BRIEF[:_BRIEF_BEFORE_IN_PLACE] if len(row) ==
+                            _BRIEF_BEFORE_IN_PLACE else _BRIEF, row, strict=True))
                 for row in data.get("attempts") or []]
     for attempt in attempts:
         attempt.first_progress = attempt.started_at
@@ -195,7 +217,8 @@ def ledger_from_brief(data: dict[str, Any]) -> Ledger:
 
 _LEDGER_BRIEF = ("wall_s", "productive_s", "lost_s", "ettr", "failures", "lost_by_class",
                  "gaps_by_class")
-_ATTEMPT_DEFAULTS = {"gap_before_s": 0.0, "startup_s": 0.0, "save_interval_s": None}
+_ATTEMPT_DEFAULTS = {"gap_before_s": 0.0, "startup_s": 0.0, "save_interval_s": None,
+                     "restart": 0, "in_place": False}
 _Record = TypeVar("_Record")
 
 
@@ -227,25 +250,55 @@ def from_summaries(summaries: Iterable[AttemptSummary | dict[str, Any]]) -> list
                                          str(path) if path else None))
         ended = _num(data.get("ended_at")) if data.get("status") == "ended" else None
         kind = data.get("outcome")
-        out.append(Attempt(number=number, started_at=start, ended_at=ended,
-                           kind=str(kind) if kind else None, checkpoints=tuple(points),
-                           nodes=tuple(str(n) for n in data.get("nodes") or []),
-                           resumed_step=previous_step if number > 0 else None))
+        out.extend(_in_place(Attempt(
+            number=number, started_at=start, ended_at=ended, kind=str(kind) if kind else None,
+            checkpoints=tuple(points), nodes=tuple(str(n) for n in data.get("nodes") or []),
+            resumed_step=previous_step if number > 0 else None), data.get("in_place")))
         latest = _int(data.get("latest_step"))
         previous_step = latest if latest is not None else previous_step
     return out
 
 
+def _in_place(attempt: Attempt, restarts: Any) -> list[Attempt]:
+    """``attempt`` cut at ``jobwrap run``'s restarts inside it: one part per command run,
+    each ended by the class jobwrap run gave its failure; the work after the last
+    checkpoint before each restart is lost, the relaunch a gap, as for a requeue. Each
+    part after a restart resumed from the newest checkpoint before it."""
+    cuts = []
+    for claim in restarts or []:
+        relaunched = _num(claim.get("ts")) if isinstance(claim, dict) else None
+        if relaunched is None or relaunched <= attempt.started_at or (
+                attempt.ended_at is not None and relaunched >= attempt.ended_at):
+            continue
+        failed = min(_num(claim.get("ended_at")) or relaunched, relaunched)
+        cuts.append((relaunched, failed, str(claim.get("kind") or "unknown")))
+    if not cuts:
+        return [attempt]
+    parts, start, resumed = [], attempt.started_at, attempt.resumed_step
+    for index, (relaunched, failed, kind) in enumerate(sorted(cuts)):
+        mine = tuple(c for c in attempt.checkpoints if start <= c.ts < relaunched)
+        parts.append(replace(attempt, started_at=start, ended_at=max(failed, start), kind=kind,
+                             checkpoints=mine, resumed_step=resumed, restart=index,
+                             in_place=True))
+        before = [c.step for c in attempt.checkpoints if c.ts <= failed and c.step is not None]
+        resumed = max(before) if before else resumed
+        start = relaunched
+    rest = tuple(c for c in attempt.checkpoints if c.ts >= start)
+    parts.append(replace(attempt, started_at=start, checkpoints=rest, resumed_step=resumed,
+                         restart=len(cuts)))
+    return parts
+
+
 def _from_step(attempt: Attempt) -> int | None:
     """The step the attempt started from: 0 for the first, the resumed one after."""
-    return 0 if attempt.number == 0 else attempt.resumed_step
+    return 0 if attempt.fresh else attempt.resumed_step
 
 
 def _own_checkpoints(attempt: Attempt) -> tuple[Checkpoint, ...]:
     """The checkpoints the attempt wrote: not the one it resumed from, which its
     supervisor reports again when it first looks (seconds after the start, no work yet)."""
     since = _from_step(attempt)
-    if since is None or attempt.number == 0:
+    if since is None or attempt.fresh:
         return attempt.checkpoints
     return tuple(c for c in attempt.checkpoints if c.step is None or c.step > since)
 
@@ -263,7 +316,7 @@ def _first_progress(attempt: Attempt, points: list[Checkpoint], rate: float | No
     if rate is None or first.step is None or first.step < since:
         # A fresh start works from its start (only what follows the last checkpoint of a
         # failure is lost); a resumed one from its first checkpoint, at the latest.
-        return attempt.started_at if attempt.number == 0 else first.ts
+        return attempt.started_at if attempt.fresh else first.ts
     return first.ts - (first.step - since) / rate
 
 

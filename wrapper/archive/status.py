@@ -35,6 +35,7 @@ RUNNING = "running"  # no sign of its end yet
 ENDING = "ending"    # an epilog has started, the verdict is not written yet
 ENDED = "ended"
 
+MAX_IN_PLACE = 100  # jobwrap run's restarts kept per attempt (its word: bounded)
 _INCIDENTS = (ev.Hang, ev.GpuFault, ev.WalltimeSignal, ev.DirectivesInvalid,
               ev.PrologUnhealthy, ev.CheckpointSuspect, ev.ResumeChosen, ev.HangForensics)
 # what only root's hooks record
@@ -65,6 +66,9 @@ class AttemptSummary:
     excluded: list[str] = field(default_factory=list)
     spares_held: int = 0  # nodes held in reserve under jobwrap run (its run.started)
     spares_used: int = 0
+    # jobwrap run's restarts inside the attempt (its run.restarted, the user's word: the
+    # ledger's boundaries, a report only): {"ts": relaunched, "ended_at", "kind"}
+    in_place: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,6 +194,13 @@ def _apply(summary: AttemptSummary, event: ev.Event) -> None:
         pass  # an ordinary resume: the banner in the job's output says it
     elif isinstance(event, ev.RunStarted):
         summary.spares_held = max(summary.spares_held, event.spare_nodes)
+    elif isinstance(event, ev.RunRestarted) and ts is not None and \
+            len(summary.in_place) < MAX_IN_PLACE:
+        from wrapper.restart.classify import RETRYABLE  # what jobwrap run restarts on
+
+        kind = event.kind_ended if event.kind_ended in RETRYABLE else "unknown"
+        summary.in_place.append({"ts": ts, "ended_at": _time(event.ended_at) or ts,
+                                 "kind": kind})
     elif isinstance(event, ev.SpareUsed):
         summary.spares_used += len(event.failed)
         summary.incidents.append(

@@ -111,13 +111,15 @@ def attempt_records(state: JobState, archive_root: str = "",
 def export(cfg: Config, ledger: Ledger, *, attempt: int, node: str, job_ended: bool) -> bool:
     from wrapper import metrics
 
-    entry = next((a for a in ledger.attempts if a.number == attempt), None)
-    if entry is None:
+    # the attempt's parts (restarts inside it cut it), as one: the class is root's verdict
+    # (its last part's), the gap the one before its start
+    parts = [a for a in ledger.attempts if a.number == attempt]
+    if not parts:
         return False
     before = [a for a in ledger.attempts if a.number < attempt]
-    gap = (before[-1].kind, entry.gap_before_s) if before else None
-    share = entry.startup_s + entry.gap_before_s + entry.productive_s + entry.lost_s
-    return metrics.record_goodput(cfg.metrics, failure_class=entry.kind,
-                                  productive_s=entry.productive_s, wall_s=share,
-                                  lost_s=entry.lost_s, gap=gap,
+    gap = (before[-1].kind, parts[0].gap_before_s) if before else None
+    share = sum(a.startup_s + a.gap_before_s + a.productive_s + a.lost_s for a in parts)
+    return metrics.record_goodput(cfg.metrics, failure_class=parts[-1].kind,
+                                  productive_s=sum(a.productive_s for a in parts),
+                                  wall_s=share, lost_s=sum(a.lost_s for a in parts), gap=gap,
                                   ended_ettr=ledger.ettr if job_ended else None, node=node)

@@ -95,8 +95,10 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
         for kind, seen in ledger.gaps_by_class.items():
             gaps.setdefault(kind, []).extend(seen)
         for attempt in ledger.attempts:
-            report.attempts += 1
             report.run_s += attempt.ended_at - attempt.started_at
+            if attempt.in_place:  # jobwrap run's word: the counts are root's verdicts
+                continue
+            report.attempts += 1
             failed = attempt.kind not in NOT_A_FAILURE
             if failed:
                 report.failures += 1

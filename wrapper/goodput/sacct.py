@@ -25,7 +25,7 @@ _WORD = re.compile(r"[^A-Za-z0-9_.-]")
 def comment(ledger: Ledger, decisions: dict[int, str]) -> str:
     """The AdminComment for the job so far; the oldest attempts give way past the cap."""
     parts = [f"a{a.number}={_clean(a.kind)}/{_clean(decisions.get(a.number, '?'))}"
-             for a in ledger.attempts]
+             for a in ledger.attempts if not a.in_place]  # root's verdicts only
     tail = f" ettr={ledger.ettr:.2f}"
     while parts and len("jobwrap: " + " ".join(parts) + tail) > MAX_COMMENT:
         parts = parts[1:]

@@ -18,9 +18,10 @@ def render(ledger: Ledger, advice: str | None = None) -> str:
         said = [f"productive {span(a.productive_s)}"]
         if a.lost_s:
             said.append(f"lost {span(a.lost_s)} ({a.kind})")
-        if a.number and a.gap_before_s:
+        if (a.number or a.restart) and a.gap_before_s:
             said.append(f"restart gap {span(a.gap_before_s)}")
-        lines.append(f"  attempt {a.number}  " + ", ".join(said))
+        which = f"{a.number}.{a.restart} (in place)" if a.restart else f"{a.number}"
+        lines.append(f"  attempt {which}  " + ", ".join(said))
     if ledger.checkpoint_interval_s is not None:
         lines.append(f"  checkpoint every {span(ledger.checkpoint_interval_s)} (median)")
     if advice:

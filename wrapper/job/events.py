@@ -511,6 +511,10 @@ class RunRestarted(Event):
     a slower hang verdict)."""
 
     restart: int = 0  # jobwrap run's own count within the Slurm attempt: 1, 2, ...
+    # What ended the command before it (jobwrap run's class) and when: the ledger's
+    # boundary inside the attempt (a report, never a control input)
+    kind_ended: str = ""
+    ended_at: float = 0.0
 
 
 @kind("run.stopped", writer="user")

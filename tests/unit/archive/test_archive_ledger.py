@@ -235,3 +235,74 @@ def test_the_manifest_merges_events_with_made_up_times() -> None:
                            {"ts": 1e999, "event": "d", "attempt": 0}])
     last = merged[-1]
     assert isinstance(last, ev.Unknown) and last.name == "a" and len(merged) == 4
+
+
+IN_PLACE = [  # one Slurm attempt, 1 step/s, jobwrap run restarting its command twice
+    {"ts": 100, "event": "prolog.context", "attempt": 0, "context": {"nodes": ["n1", "n2"]},
+     "source": "root", "node": "n1"},
+    {"ts": 110, "event": "checkpoint", "attempt": 0, "step": 10, "source": "user"},
+    {"ts": 120, "event": "checkpoint", "attempt": 0, "step": 20, "source": "user"},
+    # killed at 125 (5 s of work lost), relaunched at 126, back at step 20 at 130
+    {"ts": 126, "event": "run.restarted", "attempt": 0, "restart": 1, "kind_ended": "killed",
+     "ended_at": 125, "source": "user", "node": "n1"},
+    {"ts": 140, "event": "checkpoint", "attempt": 0, "step": 30, "source": "user"},
+    # a hang ended at 160 (20 s lost), relaunched at 161, back at step 30 at 165
+    {"ts": 161, "event": "run.restarted", "attempt": 0, "restart": 2, "kind_ended": "hang",
+     "ended_at": 160, "source": "user", "node": "n1"},
+    {"ts": 175, "event": "checkpoint", "attempt": 0, "step": 40, "source": "user"},
+    {"ts": 180, "event": "attempt.end", "attempt": 0, "kind": "success", "decision": "done",
+     "source": "root", "node": "n1"},
+]
+
+
+def test_restarts_inside_the_allocation_cut_the_attempt_into_parts() -> None:
+    """jobwrap run's restarts are failures like a requeue: the work after the last
+    checkpoint is lost and the relaunch is a gap (the ledger once counted it all as
+    productive: ETTR 0.71-0.73 against 0.46 from the job's step lines)."""
+    ledger = account(from_summaries(summarized(IN_PLACE)), now=999)
+    parts = [(a.number, a.restart, a.kind, a.in_place) for a in ledger.attempts]
+    assert parts == [(0, 0, "killed", True), (0, 1, "hang", True), (0, 2, "success", False)]
+    assert [a.lost_s for a in ledger.attempts] == [5, 20, 0]
+    assert [a.gap_before_s for a in ledger.attempts] == [0, 5, 5]  # 125->130, 160->165
+    assert ledger.productive_s == 20 + 10 + 15 and ledger.wall_s == 80
+    assert ledger.ettr == pytest.approx(45 / 80)
+    assert ledger.failures == 2 and ledger.lost_by_class == {"killed": 5, "hang": 20}
+
+
+def test_what_jobwrap_run_says_stays_its_word() -> None:
+    """The class of a restart in place is the job's user's word: only the classes jobwrap
+    run restarts on, and none of it reaches the AdminComment or the cluster's counts."""
+    from wrapper.archive.ledger import ledger_brief, ledger_from_brief
+    from wrapper.goodput.report import JobLedger, build
+    from wrapper.goodput.sacct import comment
+
+    forged = [dict(e, kind_ended="success") if e["event"] == "run.restarted" else e
+              for e in IN_PLACE]
+    ledger = account(from_summaries(summarized(forged)), now=999)
+    assert [a.kind for a in ledger.attempts] == ["unknown", "unknown", "success"]
+    real = account(from_summaries(summarized(IN_PLACE)), now=999)
+    assert comment(real, {0: "done"}).startswith("jobwrap: a0=success/done ettr=0.56")
+    back = ledger_from_brief(ledger_brief(real))
+    assert [(a.restart, a.in_place) for a in back.attempts] == [(0, True), (1, True),
+                                                                 (2, False)]
+    report = build([JobLedger("1", "u", back)])
+    assert (report.attempts, report.failures) == (1, 0)
+    assert report.run_s == pytest.approx(80 - 2)  # the two relaunches: between parts
+
+
+def test_an_index_row_from_before_restarts_in_place_still_reads() -> None:
+    from wrapper.archive.ledger import ledger_brief, ledger_from_brief
+
+    brief = ledger_brief(account(from_summaries(summarized(IN_PLACE[:3])), now=130))
+    brief["attempts"] = [row[:8] for row in brief["attempts"]]
+    [attempt] = ledger_from_brief(brief).attempts
+    assert (attempt.number, attempt.restart, attempt.in_place) == (0, 0, False)
+
+
+def test_a_flood_of_claimed_restarts_is_bounded() -> None:
+    flood = [*IN_PLACE[:3], *({"ts": 120 + i / 1000, "event": "run.restarted", "attempt": 0,
+                               "restart": i, "kind_ended": "killed", "source": "user",
+                               "node": "n1"} for i in range(1, 5000)), IN_PLACE[-1]]
+    ledger = account(from_summaries(summarized(flood)), now=999)
+    assert len(ledger.attempts) <= 101
+    assert 0 <= ledger.ettr <= 1

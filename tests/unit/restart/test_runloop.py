@@ -34,18 +34,40 @@ def handlers() -> Iterator[None]:
         signal.signal(signum, handler)
 
 
-def test_run_notes_in_the_jobs_file_that_it_restarts_in_place(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+def _in_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Config, JobState]:
+    """jobwrap run's view inside attempt 0 of job JOB on n1, its state folder made."""
     cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
     state = JobState(tmp_path / "state", JOB)
     state.prepare(os.getuid(), os.getgid())
     monkeypatch.setenv("SLURM_JOB_ID", JOB)
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    return cfg, state
+
+
+def test_run_notes_in_the_jobs_file_that_it_restarts_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    cfg, state = _in_job(tmp_path, monkeypatch)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     assert run(["true"], parse_args([]), cfg, say=lambda text: None) == 0
     [started] = [e for e in JobStore(state).events() if isinstance(e, ev.RunStarted)]
     assert (started.attempt, started.node, started.command, started.source) == \
         (2, "n1", "true", "user")
+
+
+def test_a_restart_in_place_notes_what_ended_the_command_and_when(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    """The ledger's boundary inside the attempt: the class jobwrap run gave the failure,
+    when the command ended, and when it started again."""
+    cfg, state = _in_job(tmp_path, monkeypatch)
+    marker = tmp_path / "ran-once"
+    command = ["sh", "-c", f"[ -e {marker} ] && exit 0; touch {marker}; sleep 0.3; "
+               "echo 'srun: error: n2: task 1: Killed' >&2; exit 137"]
+    before = time.time()
+    assert run(command, parse_args(["--max-restarts=2"]), cfg, say=lambda text: None) == 0
+    [restarted] = [e for e in JobStore(state).events() if isinstance(e, ev.RunRestarted)]
+    assert (restarted.restart, restarted.kind_ended) == (1, "killed")
+    assert before + 0.3 <= restarted.ended_at <= restarted.ts
 
 
 def test_run_outside_a_job_or_its_state_records_nothing_and_still_runs(
@@ -494,11 +516,7 @@ def test_a_script_that_goes_on_after_its_steps_were_ended_still_restarts(
     place, not a success that would end the job half-trained."""
     import sys
 
-    cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
-    state = JobState(tmp_path / "state", JOB)
-    state.prepare(os.getuid(), os.getgid())
-    monkeypatch.setenv("SLURM_JOB_ID", JOB)
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    cfg, _state = _in_job(tmp_path, monkeypatch)
     count = tmp_path / "count"
     hang = (f"from pathlib import Path; from wrapper.job.state import JobState; "
             f"JobState(Path({str(tmp_path / 'state')!r}), {JOB!r})"
