@@ -45,8 +45,8 @@ def cluster() -> Iterator[Cluster]:
     cluster.down()
     left = [d.name for d in daemons if _alive(d)]
     assert not left, f"the harness left daemons running: {left}"
-    strays = [p.pid for p in cluster.runtime_processes()]
-    assert not strays, f"jobwrap processes of the test cluster outlived it: {strays}"
+    strays = [p.pid for p in cluster.runtime_processes() + cluster.stepds()]
+    assert not strays, f"jobwrap or Slurm processes of the test cluster outlived it: {strays}"
 
 
 @pytest.fixture

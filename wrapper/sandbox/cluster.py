@@ -197,10 +197,12 @@ class Cluster:
                 stopped.append(daemon.name)
         self.daemons = []
         self._save()
-        # Supervisors and releases run from this cluster's own runtime: they are ours too.
+        # Supervisors and releases run from this cluster's own runtime: they are ours too,
+        # as is a slurmstepd our slurmd started and left behind (a test that kills a
+        # slurmd under a job leaves its extern step's slurmstepd waiting for it).
         import psutil
 
-        helpers = self.runtime_processes()
+        helpers = self.runtime_processes() + self.stepds()
         for proc in helpers:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
@@ -218,6 +220,20 @@ class Cluster:
             if cmdline and cmdline[0].startswith(prefix) and \
                     proc.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(proc)
+        return found
+
+    def stepds(self) -> list[Any]:
+        """The slurmstepd processes of this cluster's jobs (their ``SLURM_CONF`` is ours)."""
+        import psutil
+
+        conf, found = f"SLURM_CONF={self.conf}", []
+        for proc in psutil.process_iter(["name"]):
+            if proc.info["name"] != "slurmstepd":
+                continue
+            with contextlib.suppress(psutil.Error, OSError):
+                environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+                if conf in environ.decode(errors="replace").split("\0"):
+                    found.append(proc)
         return found
 
     def running(self) -> bool:
