@@ -317,6 +317,7 @@ class Run:
                      for n, b in ln.steps.items() if (a := ln.steps.get(n - 1))]
         step_s = statistics.median(durations)
         ends = self.attempt_ends() if self.jobwrap else {}
+        in_place = self.in_place_restarts() if self.jobwrap else []
         ids = [ln.id for ln in launches]
         for fault in self.faults:
             i = ids.index(fault.launch)
@@ -337,14 +338,25 @@ class Run:
             fault.lost = max(0, fault.reached - nxt.resumed)
             since = max(this.steps.values()) if fault.kind == "walltime" else fault.at
             fault.gap = min(nxt.steps.values(), default=nxt.resumed_at) - since
-            if self.jobwrap:  # under jobwrap run: restarted in the allocation, no verdict
-                fault.cls = ends.get(fault.attempt, "?" if self.arm == "jobwrap" else "in-alloc")
+            if self.jobwrap and nxt.attempt == this.attempt:  # restarted in the allocation:
+                # jobwrap run's class (its run.restarted), no epilog verdict
+                fault.cls = "in-place:" + next((kind for attempt, ts, kind in in_place
+                                                if attempt == this.attempt and ts >= fault.at),
+                                               "?")
+            elif self.jobwrap:
+                fault.cls = ends.get(fault.attempt, "?")
         return kept / (end - start), step_s
 
     def attempt_ends(self) -> dict[str, str]:
         events = JobState(self.cluster.state_dir, self.job).events()
         return {str(e["attempt"]): str(e["kind"]) for e in events
                 if e.get("event") == "attempt.end" and e.get("source") == "root"}
+
+    def in_place_restarts(self) -> list[tuple[str, float, str]]:
+        """(attempt, when, jobwrap run's class of the failure) of each restart in place."""
+        events = JobState(self.cluster.state_dir, self.job).events()
+        return sorted((str(e["attempt"]), float(e.get("ts") or 0), str(e.get("kind_ended")))
+                      for e in events if e.get("event") == "run.restarted")
 
     def ledger(self) -> str:
         out = Runner({**self.env, "JOBWRAP_CONFIG": str(self.cluster.jobwrap_config)}).run(
@@ -412,7 +424,7 @@ def report(run: Run, launches: list[Launch]) -> tuple[float, float]:
         ok = "" if f.resumed < 0 else \
             (" ckpt ok" if f.resumed >= f.reached // job.SAVE_EVERY * job.SAVE_EVERY
              else f" LOST PAST CHECKPOINT (newest {f.reached // job.SAVE_EVERY * job.SAVE_EVERY})")
-        print(f"  {who} fault {f.kind:<10} class={f.cls:<13} expected={EXPECTED[f.kind]:<13}"
+        print(f"  {who} fault {f.kind:<10} class={f.cls:<22} expected={EXPECTED[f.kind]:<13}"
               f" steps_lost={f.lost:<3} restart_gap={f.gap:6.1f} s{ok}")
     return ettr, step_s
 
