@@ -163,7 +163,8 @@ def record_of(root: str, user: str, job_id: str, manifest: dict[str, Any] | None
                         now=info.updated_at)
         ledger = ledger_brief(built)
         run_s = sum(a.ended_at - a.started_at for a in built.attempts)
-        failures = sum(1 for a in built.attempts if a.kind not in NOT_A_FAILURE)
+        failures = sum(1 for a in built.attempts  # root's verdicts, as report counts
+                       if a.kind not in NOT_A_FAILURE and not a.in_place)
     job = (manifest or {}).get("job")
     uid = job.get("uid") if isinstance(job, dict) else None
     return {"v": SCHEMA, "user": user, "job_id": job_id, "updated_at": info.updated_at,

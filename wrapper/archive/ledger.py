@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from wrapper.archive.status import AttemptSummary
 
 SUCCESS = "success"
+IN_PLACE = "in_place:"  # how a restart in place's class is named in the per-class sums
 RUNNING_CLASS = "running"
 # The classes that are no failure: the index's failure count, ``jobwrap report``'s too.
 NOT_A_FAILURE = frozenset({SUCCESS, RUNNING_CLASS, "cancelled"})
@@ -157,6 +158,8 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
             lost_s=end - kept_until, gap_before_s=0.0, startup_s=0.0,
             checkpoints=len(points), save_interval_s=_median_interval(points),
             restart=attempt.restart, in_place=attempt.in_place)
+        # a restart in place's class is jobwrap run's word: kept apart from root's
+        label = f"{IN_PLACE}{kind}" if attempt.in_place else kind
         if previous_end is None:
             entry.startup_s = progress - start
         else:
@@ -164,9 +167,9 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
             ledger.gaps_by_class.setdefault(previous_kind, []).append(entry.gap_before_s)
         if kind not in (SUCCESS, RUNNING_CLASS):
             ledger.failures += 1
-            ledger.lost_by_class[kind] = ledger.lost_by_class.get(kind, 0.0) + entry.lost_s
+            ledger.lost_by_class[label] = ledger.lost_by_class.get(label, 0.0) + entry.lost_s
         ledger.attempts.append(entry)
-        previous_end, previous_kind = end, kind
+        previous_end, previous_kind = end, label
     first = ledger.attempts[0].started_at
     ledger.wall_s = ledger.attempts[-1].ended_at - first
     ledger.productive_s = sum(a.productive_s for a in ledger.attempts)
@@ -281,7 +284,7 @@ def _in_place(attempt: Attempt, restarts: Any) -> list[Attempt]:
                              checkpoints=mine, resumed_step=resumed, restart=index,
                              in_place=True))
         before = [c.step for c in attempt.checkpoints if c.ts <= failed and c.step is not None]
-        resumed = max(before) if before else resumed
+        resumed = max(before) if before else 0 if attempt.number == 0 else resumed
         start = relaunched
     rest = tuple(c for c in attempt.checkpoints if c.ts >= start)
     parts.append(replace(attempt, started_at=start, checkpoints=rest, resumed_step=resumed,

@@ -195,10 +195,12 @@ def _apply(summary: AttemptSummary, event: ev.Event) -> None:
     elif isinstance(event, ev.RunStarted):
         summary.spares_held = max(summary.spares_held, event.spare_nodes)
     elif isinstance(event, ev.RunRestarted) and ts is not None and \
-            len(summary.in_place) < MAX_IN_PLACE:
-        from wrapper.restart.classify import RETRYABLE  # what jobwrap run restarts on
+            ts <= time.time() and len(summary.in_place) < MAX_IN_PLACE:
+        from wrapper.restart.classify import PREEMPTED, RETRYABLE, UNCHECKED
 
-        kind = event.kind_ended if event.kind_ended in RETRYABLE else "unknown"
+        # what jobwrap run restarts on (never a preemption or a skipped prolog)
+        restarts_on = RETRYABLE - {PREEMPTED, UNCHECKED}
+        kind = event.kind_ended if event.kind_ended in restarts_on else "unknown"
         summary.in_place.append({"ts": ts, "ended_at": _time(event.ended_at) or ts,
                                  "kind": kind})
     elif isinstance(event, ev.SpareUsed):

@@ -438,8 +438,10 @@ def did_not_start(node: str, attempt: int) -> str:
     return f"jobwrap: the job did not start on {node}: {prolog_skipped(node, attempt)}"
 
 
-# did_not_start's line, with srun's optional --label prefix ("1: "); the node named twice
-_DID_NOT_START = re.compile(r"^(?:\d{1,7}: )?jobwrap: the job did not start on "
+# did_not_start's line, with srun's optional --label prefix ("1: ", " 1: " padded to the
+# widest task id, "P0  1: " in a heterogeneous job); the node named twice
+_DID_NOT_START = re.compile(r"^(?:P\d{1,3} +)?(?: {0,7}\d{1,7}: )?jobwrap: the job did not "
+                            r"start on "
                             r"(?P<node>[A-Za-z0-9._-]{1,64}): jobwrap's prolog did not run "
                             r"on (?P=node) for attempt (?P<attempt>\d{1,6}) ", re.M)
 

@@ -14,7 +14,7 @@ the attempt is judged on the rest, and the detail says the report was not confir
 from __future__ import annotations
 
 import re
-from dataclasses import field
+from dataclasses import field, replace
 
 from wrapper.job.events import GpuFault, Hang, HangInPlace
 from wrapper.lean import dataclass
@@ -109,7 +109,30 @@ class Classification:
         return self.kind in RETRYABLE
 
 
+# What an attempt looks like on the first node when another node's task-prolog ended its
+# tasks there (a prolog Slurm skipped): its ranks fail or wait for the missing peer.
+SKIP_LOOKALIKES = frozenset({HANG, USER_ERROR, KILLED, COLLECTIVE_TIMEOUT})
+# The signature of an attempt classed unchecked on the task-prolog's word from another
+# node (``unchecked_elsewhere``): it spends the job's restarts, where root's own record
+# of a skip ("unchecked") spends none.
+CLAIMED_SKIP = "unchecked_claimed"
+
+
 def classify(ev: Evidence) -> Classification:
+    """The class of the attempt. A skip another node's task-prolog reported is weighed
+    last: root's own facts (a GPU fault, a lost node, an OOM kill, the time limit) come
+    first, and it is taken only where the attempt failed as such a skip makes it fail."""
+    if not ev.unchecked_elsewhere:
+        return _classify(ev)
+    verdict = _classify(replace(ev, unchecked="", unchecked_elsewhere=()))
+    if verdict.kind not in SKIP_LOOKALIKES:
+        return verdict
+    return Classification(UNCHECKED, f"{ev.unchecked}; the task-prolog ended the attempt's "
+                          f"tasks there before the job's code started ({verdict.kind} here: "
+                          f"{verdict.detail})", CLAIMED_SKIP)
+
+
+def _classify(ev: Evidence) -> Classification:
     state = ev.slurm_state.upper()
     signal_note = f" (signal {ev.exit_signal})" if ev.exit_signal else ""
     if state == "NODE_FAIL":
@@ -118,10 +141,7 @@ def classify(ev: Evidence) -> Classification:
         return Classification(PREEMPTED, "preempted by Slurm", "preempted")
     succeeded = state == "COMPLETED" or (ev.exit_code == 0 and not ev.exit_signal
                                          and state not in ("CANCELLED", "FAILED"))
-    # (the survivors of a task the task-prolog ended wait for it until the supervisor
-    # ends the attempt as a hang; a cancel by the user is no skip's doing)
-    if ev.unchecked and not succeeded and (state != "CANCELLED"
-                                           or ended_by_hang(ev.supervisor_events)):
+    if ev.unchecked and not succeeded and state != "CANCELLED":
         return Classification(UNCHECKED, f"{ev.unchecked}; the task-prolog ended the attempt "
                               "before the job's code started", "unchecked")
     if ev.staging_error:

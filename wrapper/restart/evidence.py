@@ -152,6 +152,8 @@ def _claimed_unchecked(ctx: JobContext, cfg: Config, store: JobStore,
     whose prolog record root can see (a state folder the nodes share) is not believed."""
     if cfg.hooks.unchecked_attempt != "requeue":
         return ()
+    if ctx.attempt > 0:  # this attempt's words (an appended output holds older jobs')
+        text = after_banner(text, ctx.attempt)
     return tuple(node for node in ev.claimed_unchecked(text, ctx.attempt)
                  if node in ctx.nodes and node != ctx.node
                  and not store.prolog_ran(node, ctx.attempt, events))
@@ -164,13 +166,20 @@ def this_attempt(tail: str, attempt: int) -> str:
     class a later segfault. No banner in the tail (attempt 0, or scrolled out): all of it."""
     import re
 
-    found = None
-    for found in re.finditer(rf"^jobwrap: attempt {attempt}[ ;].*$", tail, re.M):  # noqa: B007
-        pass
-    text = tail[found.end():] if found and attempt > 0 else tail
+    text = after_banner(tail, attempt) if attempt > 0 else tail
     # jobwrap's own lines (the banner, jobwrap run's reports, which name the faults it
     # handled: "n2: jobwrap: xid ... Xid 79") are not the job's words about its failure
     return re.sub(r"^jobwrap(?: run)?: .*(?:\n|$)", "", text, flags=re.M)
+
+
+def after_banner(tail: str, attempt: int) -> str:
+    """``tail`` after the last banner of ``attempt`` in it (all of it when there is none)."""
+    import re
+
+    found = None
+    for found in re.finditer(rf"^jobwrap: attempt {attempt}[ ;].*$", tail, re.M):  # noqa: B007
+        pass
+    return tail[found.end():] if found else tail
 
 
 def output_tail(record: JobRecord, user: UserIds) -> str:

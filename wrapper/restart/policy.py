@@ -22,6 +22,7 @@ from dataclasses import field
 from wrapper.lean import dataclass
 from wrapper.restart.classify import (
     CANCELLED,
+    CLAIMED_SKIP,
     HARDWARE,
     HOST_OOM,
     NODE_FAILURE,
@@ -81,15 +82,18 @@ def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: 
         return Decision("stop", f"{now.kind}: not requeued (--no-requeue)")
     if not now.retryable:
         return Decision("stop", f"{now.kind}: a retry would fail the same way ({now.detail})")
-    # An attempt Slurm ran without jobwrap's prolog never ran the job's code: it spends
-    # none of the job's restarts (at most max_restarts of its own, so a loop still ends).
-    skipped = sum(1 for h in history if h.kind == UNCHECKED)
-    if now.kind == UNCHECKED and skipped + 1 > max_restarts:
+    # An attempt Slurm ran without jobwrap's prolog never ran the job's code: on root's
+    # record of the skip it spends none of the job's restarts (at most max_restarts of its
+    # own, so a loop still ends); on the task-prolog's word from another node
+    # (CLAIMED_SKIP: the job's word) it spends one, as any restart does.
+    skipped = sum(1 for h in history if _free_skip(h.kind, h.signature))
+    free = _free_skip(now.kind, now.signature)
+    if free and skipped + 1 > max_restarts:
         return Decision("stop", f"{now.kind}: Slurm skipped jobwrap's prolog {skipped + 1} "
                         f"times (at most --max-restarts={max_restarts}); upgrade Slurm to "
                         "23.02 or later and resubmit")
-    ran = attempt - skipped - (1 if now.kind == UNCHECKED else 0)
-    if now.kind != UNCHECKED and ran >= max_restarts:
+    ran = attempt - skipped - (1 if free else 0)
+    if not free and ran >= max_restarts:
         return Decision("stop", f"{now.kind}: restart limit reached ({ran} of "
                         f"--max-restarts={max_restarts}); fix the cause and resubmit")
     if fallback is not None:
@@ -117,10 +121,15 @@ def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: 
     resume = f"; resumes from {checkpoint_path}" if checkpoint_path else \
         "; no valid checkpoint yet, starts from the beginning"
     limit = f"{attempt + 1} of at most {max_restarts}" if ran == attempt else \
-        f"{attempt + 1}, restart {ran + 1} of at most {max_restarts}" if now.kind != UNCHECKED \
+        f"{attempt + 1}, restart {ran + 1} of at most {max_restarts}" if not free \
         else f"{attempt + 1} (no restart of the job's: its code did not run)"
     return Decision("requeue", f"{now.kind} ({now.detail}): requeued as attempt "
                     f"{limit}{resume}", exclude)
+
+
+def _free_skip(kind: str, signature: str) -> bool:
+    """An attempt root's own record shows Slurm ran without jobwrap's prolog."""
+    return kind == UNCHECKED and signature != CLAIMED_SKIP
 
 
 def _no_progress(attempts: list[PastAttempt]) -> bool:

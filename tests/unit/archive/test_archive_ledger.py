@@ -266,7 +266,10 @@ def test_restarts_inside_the_allocation_cut_the_attempt_into_parts() -> None:
     assert [a.gap_before_s for a in ledger.attempts] == [0, 5, 5]  # 125->130, 160->165
     assert ledger.productive_s == 20 + 10 + 15 and ledger.wall_s == 80
     assert ledger.ettr == pytest.approx(45 / 80)
-    assert ledger.failures == 2 and ledger.lost_by_class == {"killed": 5, "hang": 20}
+    # jobwrap run's classes, kept apart from root's in the per-class sums
+    assert ledger.failures == 2
+    assert ledger.lost_by_class == {"in_place:killed": 5, "in_place:hang": 20}
+    assert ledger.gaps_by_class == {"in_place:killed": [5], "in_place:hang": [5]}
 
 
 def test_what_jobwrap_run_says_stays_its_word() -> None:
@@ -306,3 +309,19 @@ def test_a_flood_of_claimed_restarts_is_bounded() -> None:
     ledger = account(from_summaries(summarized(flood)), now=999)
     assert len(ledger.attempts) <= 101
     assert 0 <= ledger.ettr <= 1
+
+
+def test_a_restart_claimed_in_the_future_or_before_any_checkpoint() -> None:
+    """A run.restarted dated after now is no boundary (the running attempt's wall would
+    run to it); a restart in attempt 0 before any checkpoint starts again from step 0."""
+    import time
+
+    running = [e for e in IN_PLACE if e["event"] != "attempt.end"]
+    future = [*running, {**IN_PLACE[3], "ts": time.time() + 86400, "restart": 3}]
+    now = 190
+    assert len(account(from_summaries(summarized(future)), now=now).attempts) == 3
+    early = [IN_PLACE[0], {**IN_PLACE[3], "ts": 106, "ended_at": 105}, *IN_PLACE[1:3],
+             IN_PLACE[-1]]
+    first, second = account(from_summaries(summarized(early)), now=999).attempts
+    assert (first.kind, first.productive_s, first.lost_s) == ("killed", 0, 5)
+    assert second.first_progress == 106  # from step 0 again: back at work at once

@@ -142,7 +142,8 @@ SKIPPED_ON_N2 = ("jobwrap: the job did not start on n2: jobwrap's prolog did not
 
 
 def _skip_on_the_second_node(tmp_path: Path, epilog_case: EpilogCase, output: str, *,
-                             n2_prolog: bool = False) -> tuple[Decision, ev.AttemptEnd]:
+                             n2_prolog: bool = False, before_banner: str = ""
+                             ) -> tuple[Decision, ev.AttemptEnd]:
     """Attempt 1 of a job on n1 and n2 after a failure at the same checkpoint (the
     no-progress brake would stop it), its rank on n1 ended by the supervisor as a hang
     while it waited for the rank n2's task-prolog ended; as the first node's epilog
@@ -152,7 +153,8 @@ def _skip_on_the_second_node(tmp_path: Path, epilog_case: EpilogCase, output: st
     ctx = dataclasses.replace(ctx, nodes=["n1", "n2"])
     if n2_prolog:  # root's record of it, visible here (a state folder the nodes share)
         JobStore(state).record(ev.PrologContext(node="n2", hook="prolog", attempt=1))
-    Path(record.stdout).write_text("jobwrap: attempt 1 after user_error\n" + output)
+    Path(record.stdout).write_text(before_banner + "jobwrap: attempt 1 after user_error\n"
+                                   + output)
     slurm.jobs[JOB]["JobState"] = "CANCELLED"  # the supervisor's scancel
     decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
                                  services=Services(cfg, spawn=lambda argv: None))
@@ -204,6 +206,57 @@ def test_the_task_prologs_line_is_the_one_the_epilog_reads_back() -> None:
                      gpus=[0], attempt=12)
     line = unchecked_message(ctx, ends=True)
     assert ev.claimed_unchecked(line, 12) == ["gpu-a07.rack3"]
-    assert ev.claimed_unchecked(f"3: {line}", 12) == ["gpu-a07.rack3"]  # srun --label
+    for label in ("3: ", " 3: ", "P1  3: "):  # srun --label: padded, heterogeneous jobs
+        assert ev.claimed_unchecked(f"{label}{line}", 12) == ["gpu-a07.rack3"], label
     assert ev.claimed_unchecked(line, 1) == []
     assert ev.claimed_unchecked(unchecked_message(ctx, ends=False), 12) == []  # it ran
+
+
+def test_roots_own_facts_outweigh_a_skip_another_node_reports(
+        tmp_path: Path, epilog_case: EpilogCase) -> None:
+    """The line cannot hide what root found here: a GPU fault root's check confirmed stays
+    ``hardware`` (the node's fault counted, the node excluded)."""
+    ctx, cfg, state, record, slurm, failed = epilog_case(tmp_path, "hardware",
+                                                         "one_failure_before", True)
+    ctx = dataclasses.replace(ctx, nodes=["n1", "n2"])
+    Path(record.stdout).write_text("jobwrap: attempt 1 after user_error\n" + SKIPPED_ON_N2)
+    decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=failed,
+                                 services=Services(cfg, spawn=lambda argv: None))
+    end = JobStore(state).last_end()
+    assert isinstance(end, ev.AttemptEnd) and end.kind == "hardware", end
+    assert decision.exclude_nodes == ["n1"]
+
+
+def test_a_skip_line_before_this_attempts_banner_is_an_older_ones(
+        tmp_path: Path, epilog_case: EpilogCase) -> None:
+    """With --open-mode=append the output holds earlier jobs' words: only this attempt's
+    (after its banner) count."""
+    decision, end = _skip_on_the_second_node(tmp_path, epilog_case, "",
+                                             before_banner=SKIPPED_ON_N2)
+    assert (end.kind, end.decision) == ("hang", "stop") and decision.exclude_nodes == []
+
+
+def test_a_skip_only_another_node_reported_spends_a_restart() -> None:
+    """Root's record of a skip spends none of the job's restarts; the job's word from
+    another node spends one, as any restart does (the no-progress brake it passes, the
+    job could pass itself by writing a checkpoint)."""
+    from wrapper.restart.classify import CLAIMED_SKIP
+
+    def claimed(attempt: int, max_restarts: int, history: list[tuple[str, str]]) -> Decision:
+        return decide(Classification("unchecked", "x", CLAIMED_SKIP), attempt=attempt,
+                      max_restarts=max_restarts, no_requeue=False,
+                      history=[PastAttempt(i, k, sig, 3) for i, (k, sig) in
+                               enumerate(history)],
+                      checkpoint_step=3, checkpoint_path="/c/3", node="", no_progress_limit=2)
+
+    assert claimed(1, 1, [("killed", "killed")]).action == "stop"  # its one restart spent
+    room = claimed(1, 2, [("killed", "killed")])
+    assert room.action == "requeue" and "restart 1 of at most 2" not in room.reason
+    assert "2 of at most 2" in room.reason
+    # after the job's one restart and a skip on root's record (free), a claimed skip
+    # finds the limit reached; a claimed skip in the history spent a restart as well
+    assert claimed(2, 1, [("killed", "killed"), ("unchecked", "unchecked")]).action == "stop"
+    assert _decide("killed", "killed", 2, 1, [("unchecked", "unchecked"),
+                                              ("unchecked", CLAIMED_SKIP)]).action == "stop"
+    assert _decide("killed", "killed", 2, 1, [("unchecked", "unchecked"),
+                                              ("unchecked", "unchecked")]).action == "requeue"
