@@ -142,7 +142,8 @@ SKIPPED_ON_N2 = ("jobwrap: the job did not start on n2: jobwrap's prolog did not
 
 
 def _skip_on_the_second_node(tmp_path: Path, epilog_case: EpilogCase, output: str, *,
-                             n2_prolog: bool = False, before_banner: str = ""
+                             n2_prolog: bool = False, before_banner: str = "",
+                             slurm_state: str = "CANCELLED", exit_code: int = 137
                              ) -> tuple[Decision, ev.AttemptEnd]:
     """Attempt 1 of a job on n1 and n2 after a failure at the same checkpoint (the
     no-progress brake would stop it), its rank on n1 ended by the supervisor as a hang
@@ -150,12 +151,12 @@ def _skip_on_the_second_node(tmp_path: Path, epilog_case: EpilogCase, output: st
     finds it where state is node-local (no record of n2 here)."""
     ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, "hang", "one_failure_before",
                                                     True)
-    ctx = dataclasses.replace(ctx, nodes=["n1", "n2"])
+    ctx = dataclasses.replace(ctx, nodes=["n1", "n2"], exit_code=exit_code)
     if n2_prolog:  # root's record of it, visible here (a state folder the nodes share)
         JobStore(state).record(ev.PrologContext(node="n2", hook="prolog", attempt=1))
     Path(record.stdout).write_text(before_banner + "jobwrap: attempt 1 after user_error\n"
                                    + output)
-    slurm.jobs[JOB]["JobState"] = "CANCELLED"  # the supervisor's scancel
+    slurm.jobs[JOB]["JobState"] = slurm_state  # the supervisor's scancel
     decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
                                  services=Services(cfg, spawn=lambda argv: None))
     end = JobStore(state).last_end()
@@ -163,12 +164,18 @@ def _skip_on_the_second_node(tmp_path: Path, epilog_case: EpilogCase, output: st
     return decision, end
 
 
+@pytest.mark.parametrize(("slurm_state", "exit_code"), [
+    ("CANCELLED", 137),
+    # 22.05: the epilog of a job the supervisor cancelled gets exit 0, and Slurm's record
+    # may already read COMPLETED (CI lost the DDP job this way once more)
+    ("COMPLETED", 0), ("", 0)])
 def test_a_skip_on_another_node_requeues_the_job_away_from_it(
-        tmp_path: Path, epilog_case: EpilogCase) -> None:
+        tmp_path: Path, epilog_case: EpilogCase, slurm_state: str, exit_code: int) -> None:
     """The first node sees no other node's prolog record: the task-prolog's line in the
     job's output is what tells it. Classed ``unchecked``: requeued past the no-progress
     brake, with n2 (not this node) excluded."""
-    decision, end = _skip_on_the_second_node(tmp_path, epilog_case, SKIPPED_ON_N2)
+    decision, end = _skip_on_the_second_node(tmp_path, epilog_case, SKIPPED_ON_N2,
+                                             slurm_state=slurm_state, exit_code=exit_code)
     assert (end.kind, end.decision) == ("unchecked", "requeue"), end
     assert "jobwrap's prolog did not run on n2 for attempt 1" in end.detail
     assert decision.exclude_nodes == ["n2"]
