@@ -150,11 +150,17 @@ def test_a_printed_cancel_line_can_only_stop_the_job(cluster: Cluster) -> None:
     attempt ``cancelled``: stopped, as an scancel of its own would; no requeue, nothing
     counted against the node, the node not drained."""
     job_id = cluster.submit(CANCEL_LINE.format(work=cluster.work), name="cancelline.sh")
+    stopped_once_on_n1(cluster, job_id, "cancelled")
+
+
+def stopped_once_on_n1(cluster: Cluster, job_id: str, kind: str) -> None:
+    """The job failed at its first attempt, classed ``kind`` and stopped (no requeue), and
+    n1, where it ran, is not drained."""
     info = cluster.wait_job(job_id, timeout=120)
     ends = [(e["attempt"], e["kind"], e["decision"]) for e in root_events(cluster, job_id)
             if e["event"] == "attempt.end"]
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", info
-    assert ends == [(0, "cancelled", "stop")], ends
+    assert ends == [(0, kind, "stop")], ends
     node = cluster.as_user(["scontrol", "show", "node", "n1"]).stdout
     assert "DRAIN" not in node, node
 
@@ -175,13 +181,7 @@ def test_a_forged_run_stopped_can_only_stop_the_job(cluster: Cluster) -> None:
     the forger's own job, with nothing counted against the node."""
     job_id = cluster.submit(RUN_STOPPED.format(work=cluster.work, state=cluster.state_dir),
                             name="runstopped.sh")
-    info = cluster.wait_job(job_id, timeout=120)
-    ends = [(e["attempt"], e["kind"], e["decision"]) for e in root_events(cluster, job_id)
-            if e["event"] == "attempt.end"]
-    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", info
-    assert ends == [(0, "user_error", "stop")], ends
-    node = cluster.as_user(["scontrol", "show", "node", "n1"]).stdout
-    assert "DRAIN" not in node, node
+    stopped_once_on_n1(cluster, job_id, "user_error")
 
 
 SKIP_CLAIM = """#!/bin/bash
