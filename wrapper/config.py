@@ -268,6 +268,12 @@ class SupervisorConfig(Section):
                            positive=True)
     slurm_interval: float = _opt(10.0, "Seconds between two asks to Slurm whether the job "
                                  "still runs.", positive=True)
+    slurm_ask_every: float = _opt(60.0, "Fewest seconds between two asks to slurmctld itself "
+                                  "(the job's state and time limit); the looks between read "
+                                  "only the node's own epilog record. At most one call a "
+                                  "minute per running job by default: a time limit changed "
+                                  "with scontrol update is followed within this.",
+                                  positive=True)
     gpu_interval: float = _opt(10.0, "Seconds between two GPU health readings.",
                                positive=True)
     hang_timeout: float = _opt(0.0, "Default for --hang-timeout in seconds (0: learned from "

@@ -101,7 +101,7 @@ def test_a_time_limit_lowered_while_the_job_runs_moves_the_save_and_requeue_befo
     payload = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
     cluster.write_user_file("train.py", payload.read_text())
     shutil.rmtree(cluster.work / "ckpt-wtlower", ignore_errors=True)
-    steps, new_limit = 240, 240
+    steps, new_limit = 80, 240  # the supervisor sees the new limit within ~15 s
     job_id = cluster.submit(
         "#!/bin/bash\n#SBATCH --time=30 --output=wtlower-%j.out --open-mode=append\n"
         "#JOBWRAP --checkpoint-dir=ckpt-wtlower --max-restarts=1\n"

@@ -414,6 +414,7 @@ fake_inventory = "{b}/gpus/{{node}}.toml"
 [supervisor]
 gpu_interval = 2
 settle_seconds = 2
+slurm_ask_every = 5
 hang_floor = 40
 hang_min = 40
 

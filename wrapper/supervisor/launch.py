@@ -33,7 +33,6 @@ BATCH_SHELL_SETTLE = 5.0  # seconds a batch shell runs before it is sent the wal
 
 UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 SUPERVISOR_LOG_MAX = 16 << 20  # bytes; past it one log.capped line, then nothing
-SLURM_ASK_EVERY = 60.0  # seconds: the most a supervisor asks slurmctld at steady state
 
 
 def systemd_unit_available() -> bool:
@@ -134,6 +133,7 @@ def supervise(job_id: str, cfg: Config) -> int:
         attempt < resume_mod.max_restarts(options, cfg)
     job_state = SlurmLook(backend, job_id, state, attempt,
                           unreachable_after=cfg.supervisor.slurm_unreachable,
+                          ask_every=cfg.supervisor.slurm_ask_every,
                           time_limit_s=record.time_limit_s, follows_limit=True)
     supervisor = Supervisor(record, state, cfg.supervisor, options=record.options_for(cfg),
                             attempt=attempt,
@@ -153,7 +153,7 @@ class SlurmLook:
     """The supervisor's ``job_state``: where the job stands, asking slurmctld little.
 
     The job's end is seen here first: its epilog on this node writes root's
-    epilog.context. Slurm itself is asked at most once every SLURM_ASK_EVERY seconds (a
+    epilog.context. Slurm itself is asked at most once every ``ask_every`` seconds (a
     job gone without an epilog: node failure), not at every look: at steady state a
     supervisor costs slurmctld one call per minute. The same answer carries the job's
     time limit now (:attr:`time_limit_s`): one changed with ``scontrol update JobId=
@@ -161,7 +161,7 @@ class SlurmLook:
     """
 
     def __init__(self, backend: SlurmBackend, job_id: str, state: JobState, attempt: int, *,
-                 unreachable_after: float, ask_every: float = SLURM_ASK_EVERY,
+                 unreachable_after: float, ask_every: float = 60.0,
                  ask_at_once: bool = True, time_limit_s: float | None = None,
                  follows_limit: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -15,7 +15,7 @@ from wrapper.errors import SlurmError
 from wrapper.job.record import JobRecord
 from wrapper.job.state import USER_EVENTS, JobState
 from wrapper.slurm.fake import FakeSlurm
-from wrapper.supervisor.launch import SLURM_ASK_EVERY, SlurmLook
+from wrapper.supervisor.launch import SlurmLook
 from wrapper.supervisor.monitor import Supervisor
 
 JOB = "4242"
@@ -62,7 +62,8 @@ def supervised(tmp_path: Path, fake: FakeSlurm, *, unreachable_after: float = 60
                        options={"checkpoint_dir": str(tmp_path / "ckpt")})
     counted = Counted(fake)
     counted.clock = clock
-    look = SlurmLook(counted, JOB, state, 0, unreachable_after=unreachable_after, clock=clock)
+    look = SlurmLook(counted, JOB, state, 0, unreachable_after=unreachable_after,
+                     ask_every=SupervisorConfig().slurm_ask_every, clock=clock)
     # the defaults: a look every 2 s, "ask Slurm" every 10 s; the ask is what is bounded
     sup = Supervisor(record, state, SupervisorConfig(), options=record.job_options, attempt=0,
                      job_state=look,
@@ -97,7 +98,7 @@ def test_a_running_job_costs_slurmctld_one_call_a_minute(tmp_path: Path) -> None
     assert sum(counts) >= 9  # it does ask: a job gone without an epilog is still seen
     assert {name for _, name in counted.calls} == {"job_state_and_limit"}
     gaps = [b[0] - a[0] for a, b in zip(counted.calls, counted.calls[1:], strict=False)]
-    assert min(gaps) >= SLURM_ASK_EVERY
+    assert min(gaps) >= SupervisorConfig().slurm_ask_every == 60
 
 
 def test_the_job_end_is_seen_from_roots_epilog_event_without_asking(tmp_path: Path) -> None:
