@@ -81,6 +81,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         out.write(f"print {unchecked_message(ctx, ends=ends)}\n")
         out.flush()
         if ends:  # before the job's code: a non-zero task-prolog ends the task unrun
+            _end_step(ctx, cfg, environ, services)
             return 1
     out.flush()
     extra = {}
@@ -97,6 +98,26 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     except JobwrapError as exc:
         log.get().warning("task-prolog.state_unavailable", error=str(exc))
     return EXIT_OK
+
+
+def _end_step(ctx: JobContext, cfg: Config, environ: Mapping[str, str],
+              services: Services | None) -> None:
+    """End the whole step this task belongs to, with the job user's own right to cancel
+    their step: its ranks on the other nodes would otherwise wait for this one in their
+    rendezvous or first collective until a timeout (gloo's 30 min, or the hang floor), and
+    the skip would be handled only then. Its tasks not yet started never start; the batch
+    step is not a step of ranks (its task ending ends the script)."""
+    step = environ.get("SLURM_STEP_ID", "")
+    if not step.isdigit():
+        return
+    if services is None:
+        from wrapper.hooks import Services
+
+        services = Services(cfg)
+    try:
+        services.slurm.cancel_step(ctx.job_id, step)
+    except JobwrapError as exc:  # the step's ranks are then ended by a timeout, as before
+        log.get().warning("task-prolog.step_not_ended", step=step, error=str(exc))
 
 
 def unchecked_message(ctx: JobContext, *, ends: bool) -> str:

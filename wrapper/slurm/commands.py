@@ -272,6 +272,17 @@ class CliBackend:
                 raise SlurmError(str(exc)) from None
         return steps
 
+    def cancel_step(self, job_id: str, step: str) -> None:
+        """End one step of the job, every task of it (``scancel JOB.STEP``): tasks not yet
+        started never start. The job and its batch script go on."""
+        if not step.isdigit():
+            raise SlurmError(f"step {step!r} of job {job_id} is not a numbered step")
+        try:
+            self.runner.run([self.config.scancel_command, f"{_job_id(job_id)}.{step}"],
+                            timeout=self.config.command_timeout)
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+
     def release_now(self, job_id: str, exclude: list[str] | None = None) -> None:
         """Make a pending (requeued) job eligible at once, away from ``exclude``."""
         job = _job_id(job_id)

@@ -86,6 +86,9 @@ class FakeSlurm:
         self.calls.append(("kill_steps", job_id))
         return []
 
+    def cancel_step(self, job_id: str, step: str) -> None:
+        self.calls.append(("cancel_step", job_id, step))
+
     def release_now(self, job_id: str, exclude: list[str] | None = None) -> None:
         self.calls.append(("release_now", job_id, *(exclude or [])))
 

@@ -73,6 +73,24 @@ def test_a_task_without_its_prolog_gets_its_env_and_ends_before_the_jobs_code(
     assert "requeued away from n1" in lines[-1]
 
 
+@pytest.mark.parametrize(("step", "ended"), [("0", True), ("batch", False),
+                                             ("extern", False)])
+def test_a_task_without_its_prolog_ends_its_whole_step(site: dict[str, Path], step: str,
+                                                       ended: bool) -> None:
+    """Its ranks on the other nodes would wait for it in their rendezvous until a timeout:
+    the refused task cancels its step (the user's own right), never the job."""
+    from wrapper.config import load
+    from wrapper.hooks import Services
+    from wrapper.slurm.fake import FakeSlurm
+
+    fake = FakeSlurm()
+    services = Services(load(str(site["config"])), slurm_factory=lambda: fake)
+    assert run_hook("task-prolog", config_path=str(site["config"]),
+                    env=slurm_env("task-prolog", SLURM_STEP_ID=step), out=io.StringIO(),
+                    services=services) == 1
+    assert fake.calls == ([("cancel_step", "31", step)] if ended else [])
+
+
 def test_a_prolog_of_another_attempt_or_node_does_not_vouch(site: dict[str, Path]) -> None:
     for node, attempt in (("n1", "0"), ("n2", "1")):  # Slurm skipped attempt 1 on n1
         assert run_hook("prolog", config_path=str(site["config"]),
