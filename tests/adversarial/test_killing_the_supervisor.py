@@ -18,7 +18,7 @@ from wrapper.slurm.parse import expand_hostlist
 
 JOB = """#!/bin/bash
 #SBATCH --output={work}/unsupervised-%j.out
-for i in $(seq 1 60); do echo "step $i"; sleep 1; done
+for i in $(seq 1 120); do echo "step $i"; [ -e {work}/stop-$SLURM_JOB_ID ] && break; sleep 1; done
 """
 
 
@@ -59,6 +59,7 @@ def test_the_user_kills_the_supervisor_root_starts_it_again(cluster: Cluster) ->
         assert len(killed) == 4, killed  # the first and the three restarted ones
         time.sleep(5)  # the limit is reached: no fourth restart
         assert supervisor_pids(cluster, job_id) == []
+        cluster.write_user_file(f"stop-{job_id}", "")  # the kills are done: the job ends
         info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "CANCELLED"},
                                 timeout=120)
         assert info["JobState"] == "COMPLETED", info
