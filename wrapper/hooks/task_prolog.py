@@ -9,7 +9,8 @@ tell the user, in their own output, why this attempt runs and what it resumes fr
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TextIO
 
 from wrapper import log
@@ -100,13 +101,20 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     return EXIT_OK
 
 
+STEP_END_DELAY = 1.0  # seconds: slurmstepd forwards the task-prolog's print line first
+
+
 def _end_step(ctx: JobContext, cfg: Config, environ: Mapping[str, str],
               services: Services | None) -> None:
     """End the whole step this task belongs to, with the job user's own right to cancel
     their step: its ranks on the other nodes would otherwise wait for this one in their
     rendezvous or first collective until a timeout (gloo's 30 min, or the hang floor), and
     the skip would be handled only then. Its tasks not yet started never start; the batch
-    step is not a step of ranks (its task ending ends the script)."""
+    step is not a step of ranks (its task ending ends the script).
+
+    The cancel is made from the background, STEP_END_DELAY after this task-prolog has
+    returned: the line it printed is the first node's only word of the skip, and a step
+    cancelled at once can lose it on its way to the job's output."""
     step = environ.get("SLURM_STEP_ID", "")
     if not step.isdigit():
         return
@@ -114,10 +122,31 @@ def _end_step(ctx: JobContext, cfg: Config, environ: Mapping[str, str],
         from wrapper.hooks import Services
 
         services = Services(cfg)
+    backend_of = services
+
+    def cancel() -> None:
+        try:
+            backend_of.slurm.cancel_step(ctx.job_id, step)
+        except JobwrapError as exc:  # its ranks are then ended by a timeout, as before
+            log.get().warning("task-prolog.step_not_ended", step=step, error=str(exc))
+
+    _in_background(cancel, delay=STEP_END_DELAY)
+
+
+def _in_background(work: Callable[[], None], *, delay: float) -> None:
+    """Run ``work`` after ``delay`` in a child of its own session that holds none of this
+    process's standard streams (slurmstepd reads the task-prolog's output to its end)."""
+    if os.fork() != 0:
+        return
     try:
-        services.slurm.cancel_step(ctx.job_id, step)
-    except JobwrapError as exc:  # the step's ranks are then ended by a timeout, as before
-        log.get().warning("task-prolog.step_not_ended", step=step, error=str(exc))
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        time.sleep(delay)
+        work()
+    finally:
+        os._exit(0)
 
 
 def unchecked_message(ctx: JobContext, *, ends: bool) -> str:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,19 +77,52 @@ def test_a_task_without_its_prolog_gets_its_env_and_ends_before_the_jobs_code(
 @pytest.mark.parametrize(("step", "ended"), [("0", True), ("batch", False),
                                              ("extern", False)])
 def test_a_task_without_its_prolog_ends_its_whole_step(site: dict[str, Path], step: str,
-                                                       ended: bool) -> None:
+                                                       ended: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Its ranks on the other nodes would wait for it in their rendezvous until a timeout:
-    the refused task cancels its step (the user's own right), never the job."""
+    the refused task cancels its step (the user's own right), never the job, once its
+    line is printed (in the background, after a delay: here at once, in this process)."""
     from wrapper.config import load
-    from wrapper.hooks import Services
+    from wrapper.hooks import Services, task_prolog
     from wrapper.slurm.fake import FakeSlurm
 
+    delays: list[float] = []
+
+    def inline(work: Callable[[], None], *, delay: float) -> None:
+        delays.append(delay)
+        work()
+
+    monkeypatch.setattr(task_prolog, "_in_background", inline)
     fake = FakeSlurm()
     services = Services(load(str(site["config"])), slurm_factory=lambda: fake)
     assert run_hook("task-prolog", config_path=str(site["config"]),
                     env=slurm_env("task-prolog", SLURM_STEP_ID=step), out=io.StringIO(),
                     services=services) == 1
     assert fake.calls == ([("cancel_step", "31", step)] if ended else [])
+    assert delays == ([task_prolog.STEP_END_DELAY] if ended else [])
+
+
+def test_the_step_is_ended_from_a_child_that_holds_no_stream(tmp_path: Path) -> None:
+    """slurmstepd reads the task-prolog's output to its end: the child that cancels the
+    step later must not hold it open, or the task would wait for the delay."""
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "done"
+    code = ("from pathlib import Path\n"
+            "from wrapper.hooks.task_prolog import _in_background\n"
+            f"_in_background(lambda: Path({str(marker)!r}).write_text('x'), delay=4)\n"
+            "print('parent done')\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30, check=True)  # reads stdout to EOF, as slurmstepd does
+    assert done.stdout == "parent done\n"
+    assert time.monotonic() - start < 3, "the child held the parent's output open"
+    deadline = time.monotonic() + 10
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.read_text() == "x"
 
 
 def test_a_prolog_of_another_attempt_or_node_does_not_vouch(site: dict[str, Path]) -> None:
