@@ -39,16 +39,19 @@ def test_xid_on_second_node_ends_the_job_drains_it_and_resumes_elsewhere(
 #JOBWRAP --checkpoint-dir=ckpt-xid --max-restarts=3
 python3 train.py {STEPS} 0.5
 """, name="xid.sh")
+    bad = ""  # the job's second node: whichever two nodes were idle, it is the later
     try:
         cluster.wait_job(job_id, states={"RUNNING"}, timeout=60)
         first = cluster.job(job_id)
-        assert expand_hostlist(first["NodeList"]) == ["n1", "n2"], first
+        nodes = expand_hostlist(first["NodeList"])
+        assert len(nodes) == 2, first
+        bad = nodes[1]
         deadline = time.monotonic() + 60
         while not list((cluster.work / "ckpt-xid").glob("epoch=0-step=3.ckpt")):
             assert time.monotonic() < deadline, "the job made no checkpoint"
             time.sleep(0.2)
         written, written_at = time.monotonic(), time.time()
-        cluster.set_gpu_faults("n2", {m: {"xid_events": (79,)} for m in range(4)})
+        cluster.set_gpu_faults(bad, {m: {"xid_events": (79,)} for m in range(4)})
         while cluster.job(job_id).get("JobState") == "RUNNING" and \
                 time.monotonic() - written < 60:
             time.sleep(0.1)
@@ -67,19 +70,21 @@ python3 train.py {STEPS} 0.5
         assert f"done sum {EXPECTED}" in output, output
         assert "attempt=1 resume=" in output and "start=0" not in output.split(
             "attempt=1")[1], output
-        assert expand_hostlist(info["NodeList"]) == ["n1", "n3"], info
-        node = scontrol(cluster, "-o", "show", "node", "n2")
+        resumed_on = expand_hostlist(info["NodeList"])
+        assert len(resumed_on) == 2 and bad not in resumed_on, info
+        node = scontrol(cluster, "-o", "show", "node", bad)
         assert "DRAIN" in node and "Reason=jobwrap: xid gpu0" in node and "79" in node, node
         events = JobState(cluster.state_dir, job_id).events()
         ends = [(e["attempt"], e["kind"], e["decision"], e["exclude"]) for e in events
                 if e["event"] == "attempt.end" and e["source"] == "root"]
-        assert ends == [(0, "hardware", "requeue", ["n2"]), (1, "success", "done", [])], ends
+        assert ends == [(0, "hardware", "requeue", [bad]), (1, "success", "done", [])], ends
         faults = [e for e in events if e["event"] == "watch.fault" and e["source"] == "root"]
-        assert [(f["node"], f["attempt"]) for f in faults] == [("n2", 0)], faults
+        assert [(f["node"], f["attempt"]) for f in faults] == [(bad, 0)], faults
         assert "jobwrap: attempt 0 ended: hardware" in output, output
     finally:
-        cluster.set_gpu_faults("n2")
-        scontrol(cluster, "update", "NodeName=n2", "State=RESUME")
+        if bad:
+            cluster.set_gpu_faults(bad)
+            scontrol(cluster, "update", f"NodeName={bad}", "State=RESUME")
         Runner(cluster.env()).run(["scancel", job_id], timeout=20, check=False)
     # every watcher of the job has ended (the epilogs stopped them; root's epilog.context
     # of their attempt ends them too). Other tests' jobs may still be ending: not counted.
