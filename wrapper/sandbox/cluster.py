@@ -42,6 +42,12 @@ RECORD = "sandbox.json"
 # reports the whole host's, and one configured above it would be drained), shared out
 # per CPU by default.
 NODE_MEMORY_MB = 6000
+# Each sandbox's job ids: a block of its own, the next one on this host each time (a
+# counter in JOB_ID_COUNTER); the last block ends below Slurm's default MaxJobId
+# (67,043,328), so ids repeat only after 6,700 sandboxes.
+JOB_ID_COUNTER = Path("/var/tmp/jobwrap-sandbox-job-ids")
+JOB_ID_BLOCK = 10_000
+JOB_ID_BLOCKS = 6_700
 
 
 def node_memory_mb() -> int:
@@ -323,9 +329,22 @@ class Cluster:
         return containment.plan(self.spec.containment)
 
     def _first_job_id(self) -> int:
-        """Job ids of their own for each sandbox: cgroup v1 paths are host-wide
-        (slurm_NODE/uid_U/job_J), so two sandboxes on one host must not share job ids."""
-        return 1000 * self.spec.ctld_port
+        """Job ids of their own for each sandbox, as a site's never repeat: cgroup v1 paths
+        are host-wide (slurm_NODE/uid_U/job_J), so two sandboxes side by side must not
+        share job ids, and the kernel log keeps a job's OOM-kill record across sandboxes
+        (root's OOM evidence reads it), so a later sandbox must not reuse an earlier one's.
+        A host-wide counter hands each sandbox its own block of JOB_ID_BLOCK ids."""
+        import fcntl
+
+        fd = os.open(JOB_ID_COUNTER, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "r+") as counter:
+            fcntl.flock(counter, fcntl.LOCK_EX)
+            text = counter.read().strip()
+            block = (int(text) if text.isdigit() else 0) % (JOB_ID_BLOCKS - 1) + 1
+            counter.seek(0)
+            counter.truncate()
+            counter.write(f"{block}\n")
+        return block * JOB_ID_BLOCK
 
     def _write_configs(self) -> None:
         host = socket.gethostname().split(".")[0]
