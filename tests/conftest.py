@@ -16,13 +16,41 @@ from pathlib import Path
 import pytest
 import structlog
 
-from tests.support import USER
+from tests.support import USER, host_lock
 from wrapper import log
 from wrapper.osl.users import UserIds
 from wrapper.staging.scratch import remove_scratch
 
 # The real local Slurm cluster, for the end-to-end and adversarial tiers.
 pytest_plugins = ["tests.sandbox"]
+
+
+# The longest files of the e2e and adversarial tiers (their tests' sum, in minutes on one
+# tier's worker): run first, so that pytest-xdist's workers (--dist loadfile, which hands
+# out files in collection order) do not end on one of them while the other waits.
+LONGEST_FIRST = ("test_frameworks.py", "test_hang.py", "test_walltime.py",
+                 "test_restart.py", "test_slurm_restarts.py", "test_spares.py",
+                 "test_demo.py", "test_unchecked.py", "test_slurm25.py", "test_faults.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    order = list(LONGEST_FIRST)
+    if os.environ.get("JOBWRAP_SLURM_PREFIX"):
+        # the built Slurm's tier runs beside Debian's: its torch file, which holds the
+        # host lock for minutes, comes a few minutes in rather than wait on the other's
+        order.insert(4, order.pop(0))
+    rank = {name: i for i, name in enumerate(order)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: else as found
+
+
+@pytest.fixture(autouse=True)
+def _exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests marked ``exclusive`` hold the host-wide lock (tests.support.host_lock)."""
+    if request.node.get_closest_marker("exclusive") is None:
+        yield
+        return
+    with host_lock():
+        yield
 
 
 @pytest.fixture(autouse=True)

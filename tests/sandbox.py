@@ -14,16 +14,43 @@ import pytest
 
 from wrapper.sandbox.cluster import Cluster, Spec, _alive
 
+# Each pytest process (one tier, or one xdist worker of it) takes ports from a block of
+# its own: JOBWRAP_TEST_PORT_BASE (tools/test gives each tier its own, below the kernel's
+# ephemeral range) plus PORT_BLOCK per worker. No two sandboxes side by side ever race
+# for a port that one of them bound and closed; a port taken by anything else is skipped.
+PORT_BLOCK = 200
+_taken: list[int] = []
+
+
+def _block() -> range:
+    base = int(os.environ.get("JOBWRAP_TEST_PORT_BASE", "20000"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    start = base + PORT_BLOCK * (int(worker) if worker.isdigit() else 0)
+    return range(start, start + PORT_BLOCK)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_ports(count: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        socks.append(sock)
-        ports.append(sock.getsockname()[1])
-    for sock in socks:
-        sock.close()
+    """``count`` loopback ports of this process's block, never handed out twice."""
+    ports = []
+    for port in _block():
+        if len(ports) == count:
+            break
+        if port not in _taken and _bindable(port):
+            ports.append(port)
+    if len(ports) < count:
+        pytest.fail(f"no {count} free loopback ports left in {_block()} (this test process's "
+                    "block; set JOBWRAP_TEST_PORT_BASE to move it)", pytrace=False)
+    _taken.extend(ports)
     return ports
 
 

@@ -27,6 +27,9 @@ import pytest
 from wrapper.config import Config, LogConfig, LoginGuardConfig, PathsConfig, to_toml
 from wrapper.osl.users import UserIds
 
+# Burners are judged over a one-second CPU sample: no other tier's burners beside them.
+pytestmark = pytest.mark.exclusive
+
 JOBWRAP = str(Path(sys.executable).parent / "jobwrap")
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 BURN = "while True: pass"

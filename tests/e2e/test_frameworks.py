@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from tests.sandbox import free_ports
-from tests.support import framework_python
+from tests.support import framework_python, host_lock
 from wrapper.checkpoints import latest_valid
 from wrapper.job.state import JobState
 from wrapper.sandbox.cluster import Cluster
@@ -101,6 +101,14 @@ def reference_hash(cluster: Cluster, run: Run) -> str:
 
 @pytest.fixture(scope="module")
 def runs(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    # four torch jobs and their uninterrupted references at once take this host's cores:
+    # no other tier's or worker's torch run beside them (tests.support.host_lock)
+    with host_lock():
+        yield from _start_runs(cluster, tmp_path_factory)
+
+
+def _start_runs(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[dict[str, Run]]:
     python = framework_python()
     for name in SCRIPTS:
         cluster.write_user_file(name, (FIXTURES / name).read_text())

@@ -3,7 +3,10 @@ conftest.py): the project's test user's name, and the framework venv's python.""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,3 +25,20 @@ def framework_python() -> str:
     if not os.access(python, os.X_OK):
         pytest.fail(f"{python} is missing: run tools/bootstrap (it makes the framework venv)")
     return str(python)
+
+
+# Tiers and their xdist workers run side by side on one host (tools/test). A test that
+# measures CPU or time tightly, or loads torch in several ranks, holds this host-wide lock
+# while it runs (marker ``exclusive``; a module fixture with ``host_lock()``), so that no
+# two of them share the host's cores. Other tests go on beside it.
+HOST_LOCK = Path("/tmp/jobwrap-tests.lock")
+
+
+@contextlib.contextmanager
+def host_lock() -> Iterator[None]:
+    fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
