@@ -22,7 +22,7 @@ from wrapper.checkpoints import Checkpoint, Discovery, Skipped, latest_valid
 from wrapper.checkpoints.layout import Layout, registered
 from wrapper.checkpoints.listing import temp_key
 from wrapper.checkpoints.ziptail import zip_problem
-from wrapper.errors import JobwrapError, UserInputError
+from wrapper.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -435,18 +435,20 @@ def test_generic_without_marker_still_checks_zips(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"glob": "a/b*"}, "without '/'"),
-    ({"glob": ""}, "one non-empty name pattern"),
-    ({"marker": "DONE"}, "needs a glob"),
-    ({"glob": "*", "marker": "x/y"}, "a file name without '/'"),
-    ({"settle_seconds": -1.0}, "expected seconds >= 0"),
-    ({"settle_seconds": float("nan")}, "expected seconds >= 0"),
+    ({"glob": "a/b*"}, "glob 'a/b\\*' must be one non-empty name pattern without '/'"),
+    ({"glob": ""}, "glob '' must be one non-empty name pattern"),
+    ({"marker": "DONE"}, "a checkpoint completion marker needs a glob"),
+    ({"glob": "*", "marker": "x/y"}, "marker 'x/y' must be a file name without '/'"),
+    ({"settle_seconds": -1.0}, "settle time -1.0: expected seconds >= 0"),
+    ({"settle_seconds": float("nan")}, "settle time nan: expected seconds >= 0"),
 ])
 def test_bad_arguments_raise_a_user_input_error(tmp_path: Path, kwargs: dict[str, object],
                                                 message: str) -> None:
+    """One line that names the value given and what it must be: the user's input, never
+    a node fault (a UserInputError, not another JobwrapError)."""
     with pytest.raises(UserInputError, match=message) as caught:
         latest_valid(tmp_path, **kwargs)  # type: ignore[arg-type]
-    assert isinstance(caught.value, JobwrapError)
+    assert type(caught.value) is UserInputError and "\n" not in str(caught.value)
 
 
 # -- rules shared by every layout ---------------------------------------------------------

@@ -155,10 +155,17 @@ def test_a_lost_gpu_and_a_missing_driver_answer_like_nvml(tmp_path: Path) -> Non
         assert info.value.kind == "no-driver"
 
 
-def test_open_probe_nvml_loads_nothing_until_asked() -> None:
+def test_open_probe_nvml_loads_nothing_until_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prolog pays for pynvml only when it reads a GPU: opening and closing the probe
+    imports nothing of NVML's."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     probe = open_probe(GpuConfig(backend="nvml"), "n1")
     assert isinstance(probe, NvmlProbe)
+    assert "pynvml" not in sys.modules
     probe.close()  # never initialised: nothing to shut down
+    assert "pynvml" not in sys.modules
 
 
 def test_dump_then_parse_is_the_same_inventory() -> None:

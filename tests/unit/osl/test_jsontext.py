@@ -4,6 +4,7 @@ item 2): bounded length and nesting, no NaN, no huge numbers, invalid UTF-8 drop
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
 from wrapper.job.state import JobState
 from wrapper.osl import jsontext
@@ -62,10 +64,21 @@ def test_any_bytes_never_raise(data: bytes) -> None:
 @settings(max_examples=300, deadline=None)
 @given(json_values)
 def test_any_json_value_decodes_or_is_dropped(value: object) -> None:
-    text = json.dumps(value)  # NaN/inf floats become NaN/Infinity: dropped
+    """A bounded JSON text reads back as the value it was written from, or, holding a
+    non-finite float (json.dumps writes NaN/Infinity, which JSON has not), as None; an
+    object of it is decoded as an event or refused with the decoder's own error."""
+    text = json.dumps(value)
     out = jsontext.loads(text)
-    if out is not None and isinstance(out, dict):
-        ev.decode({**out, "event": "hang"})
+    if _has_nonfinite(value):
+        assert out is None, (text, out)
+    else:
+        assert out == value, (text, out)
+    if isinstance(out, dict):
+        try:
+            event = ev.decode({**out, "event": "hang"})
+        except JobwrapError:
+            return
+        assert event.KIND == "hang"
 
 
 @settings(max_examples=100, deadline=None)
@@ -90,3 +103,13 @@ def test_a_poisoned_line_costs_only_itself(tmp_path: Path) -> None:
     (state.path / "user-events.jsonl").write_bytes(
         b"[" * 100_000 + b"\n" + b'{"ts": 2, "event": "checkpoint", "attempt": 0}\n')
     assert [e["event"] for e in state.events()] == ["checkpoint"]
+
+
+def _has_nonfinite(value: object) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_nonfinite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_nonfinite(v) for v in value)
+    return False
