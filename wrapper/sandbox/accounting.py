@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from wrapper.sandbox.cluster import Daemon
 
 PROGRAMS = ("mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "sacctmgr")
+INSTALL_LOCK = Path("/tmp/jobwrap-sandbox-mariadb-install.lock")  # one install-db at a time
 
 
 class Accounting:
@@ -71,9 +72,7 @@ class Accounting:
         os.chmod(self.dir, 0o755)  # slurmdbd (as slurm) reaches the port, not the files
         runner = Runner(env)
         if not (data / "mysql").exists():
-            runner.run(["mariadb-install-db", f"--datadir={data}", "--user=mysql",
-                        "--auth-root-authentication-method=socket", "--skip-test-db"],
-                       timeout=120)
+            self._install_db(runner, data)
         daemons = [self._spawn("mariadbd", [
             _sbin("mariadbd"), "--no-defaults", f"--datadir={data}", "--user=mysql",
             f"--socket={self.socket}", f"--port={self.db_port}", "--bind-address=127.0.0.1",
@@ -128,6 +127,27 @@ StorageLoc=slurm_acct_db
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd="/")
         out.close()
         return make(name, proc.pid)
+
+    def _install_db(self, runner: Runner, data: Path) -> None:
+        """A fresh data folder, as the daemon reads it (no option file: Debian's names the
+        system's pid file and socket). One at a time on a host: sandboxes side by side
+        (the test tiers) once saw it abort when two ran at once. Its whole complaint, not
+        its last line, when it fails."""
+        import fcntl
+
+        from wrapper.sandbox.cluster import SandboxError
+
+        argv = ["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=mysql",
+                "--auth-root-authentication-method=socket", "--skip-test-db"]
+        fd = os.open(INSTALL_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            done = runner.run(argv, timeout=120, check=False)
+        finally:
+            os.close(fd)
+        if done.returncode != 0:
+            said = "\n".join((done.stderr or done.stdout).strip().splitlines()[-20:])
+            raise SandboxError(f"{' '.join(argv)} failed (exit {done.returncode}):\n{said}")
 
     def _sql(self, statement: str, *, check: bool = True) -> int:
         done = Runner().run(["mariadb", f"--socket={self.socket}", "-u", "root", "-e",
