@@ -43,6 +43,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: else as found
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _user_side_modules_loaded() -> None:
+    """Every jobwrap module imported by this test process before any test runs.
+
+    Root's code reads a user's files in a child forked with the user's rights (osl.child),
+    and a module that child imports lazily is read then, as the user. A real install is
+    world-readable (the sandbox's runtime is); a checkout in root's 0700 home (CI's) is
+    not, and whether the child could import it would depend on which tests this process
+    (an xdist worker, a tier) happened to run before."""
+    import importlib
+    import pkgutil
+
+    import wrapper
+    from wrapper.checkpoints.layout import registered
+
+    for module in pkgutil.walk_packages(wrapper.__path__, "wrapper."):
+        if module.name.endswith("__main__"):
+            continue
+        with contextlib.suppress(ImportError):  # the framework scripts need torch
+            importlib.import_module(module.name)
+    registered()
+
+
 @pytest.fixture(autouse=True)
 def _exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
     """Tests marked ``exclusive`` hold the host-wide lock (tests.support.host_lock)."""

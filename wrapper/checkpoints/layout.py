@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from wrapper.checkpoints.listing import Entry, Listing
+from wrapper.errors import JobwrapError
 
 
 class Rejected(Exception):  # a verdict carried up to discovery
@@ -111,7 +112,13 @@ def registered() -> tuple[Layout, ...]:
     if not _loaded:
         from wrapper.checkpoints import layouts
 
-        for module in pkgutil.iter_modules(layouts.__path__):
+        found = list(pkgutil.iter_modules(layouts.__path__))
+        if not found:  # a folder this process cannot list: never an empty registry
+            raise JobwrapError(f"no checkpoint layout could be loaded from "
+                               f"{', '.join(layouts.__path__)}: jobwrap's install must be "
+                               "readable by every user (it reads a job's checkpoints with "
+                               "the job user's rights)")
+        for module in found:
             importlib.import_module(f"{layouts.__name__}.{module.name}")
         _loaded = True
     return tuple(sorted(_REGISTRY, key=lambda layout: (layout.tier, layout.name)))

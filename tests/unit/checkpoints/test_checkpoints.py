@@ -22,7 +22,7 @@ from wrapper.checkpoints import Checkpoint, Discovery, Skipped, latest_valid
 from wrapper.checkpoints.layout import Layout, registered
 from wrapper.checkpoints.listing import temp_key
 from wrapper.checkpoints.ziptail import zip_problem
-from wrapper.errors import UserInputError
+from wrapper.errors import JobwrapError, UserInputError
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -664,3 +664,17 @@ def test_cli_exit_2_on_bad_input(tmp_path: Path, args: list[str]) -> None:
     assert done.returncode == 2
     assert done.stdout == ""
     assert "error" in done.stderr.lower()
+
+
+def test_layouts_that_cannot_be_listed_are_an_error_not_an_empty_registry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read with a user's rights from an install that user cannot read, the layouts'
+    folder lists as empty: every checkpoint would be missed without a word."""
+    import pkgutil
+
+    from wrapper.checkpoints import layout as layout_mod
+
+    monkeypatch.setattr(layout_mod, "_loaded", False)
+    monkeypatch.setattr(pkgutil, "iter_modules", lambda path: iter(()))
+    with pytest.raises(JobwrapError, match="must be readable by every user"):
+        registered()
