@@ -14,14 +14,13 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 import wrapper.sandbox
+from tests.support import poll
 from wrapper.config import SlurmConfig
 from wrapper.errors import SlurmError
 from wrapper.job.state import JobState
@@ -55,16 +54,6 @@ def script(name: str) -> str:
 srun bash -c '{rank}'
 srun bash -c 'echo "attempt $JOBWRAP_ATTEMPT: a new step on $SLURMD_NODENAME"'
 """
-
-
-def poll(what: str, found: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = found()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout:g} s: {what}")
 
 
 def last_step(out: Path) -> int:

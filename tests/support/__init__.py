@@ -1,13 +1,15 @@
 """Helpers shared by test modules that are not set-up (set-up is a fixture in the nearest
-conftest.py): the project's test user's name, and the framework venv's python."""
+conftest.py): the project's test user's name, the framework venv's python, a poll."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,3 +44,15 @@ def host_lock() -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def poll(what: str, found: Callable[[], Any], timeout: float) -> Any:
+    """``found()``'s first true value, asked every 0.2 s; AssertionError naming ``what``
+    after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout:g} s: {what}")

@@ -19,7 +19,13 @@ from wrapper.runner import Runner
 from wrapper.slurm.parse import check_job_id as _job_id
 from wrapper.slurm.parse import check_node as _node
 from wrapper.slurm.parse import expand_hostlist, parse_record
-from wrapper.slurm.records import AmbiguousJobName, from_json_job, from_json_node, parse_job_text
+from wrapper.slurm.records import (
+    AmbiguousJobName,
+    from_json_job,
+    from_json_node,
+    parse_job_text,
+    record_head,
+)
 
 DRAIN_PREFIX = "jobwrap:"
 NODE_FORMAT = 1  # the "format" of the files in <state_dir>/nodes
@@ -167,10 +173,34 @@ class CliBackend:
         out = self._scontrol("-o", "show", "job", job)
         if not out.strip():
             raise SlurmError(f"scontrol show job {job_id} printed nothing")
+        if record_head(out).get("ArrayJobId") == job:
+            out = self._array_task_text(job)
         try:
             return parse_job_text(out)
         except AmbiguousJobName:
             return parse_job_text(out, name=self._job_name(job))
+
+    def _array_task_text(self, job: str) -> str:
+        """The one record of the array task whose numeric id is the array's own.
+
+        ``scontrol show job A`` prints every task of array A, one record a line, and a
+        user's text may hold newlines that look like records: the task is read again
+        alone as ``A_T``, its task id ``T`` from squeue's numeric columns."""
+        argv = [self.config.squeue_command, "-h", "-r", "-t", "all", "-j", job, "-o", "%A %K"]
+        try:
+            out = self.runner.run(argv, timeout=self.config.command_timeout).stdout
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+        tasks = {t for a, _, t in (ln.strip().partition(" ") for ln in out.splitlines())
+                 if a == job and t.isdigit()}
+        if len(tasks) != 1:
+            raise SlurmError(f"job {job}: the array task holding the array's own id is not "
+                             f"one running task ({', '.join(sorted(tasks)) or 'none'} "
+                             "found); not reading it")
+        text = self._scontrol("-o", "show", "job", f"{job}_{tasks.pop()}")
+        if not text.strip():
+            raise SlurmError(f"scontrol show job {job} printed nothing")
+        return text
 
     def _job_name(self, job_id: str) -> str:
         """The job's name alone (squeue prints nothing else), to split a record whose name
@@ -241,13 +271,29 @@ class CliBackend:
         return state, limit.strip()
 
     def job_steps(self, job_id: str) -> list[str]:
-        """The job's running steps (``123.0``), without its batch and extern steps."""
-        argv = [self.config.squeue_command, "-h", "-s", "-j", _job_id(job_id), "-o", "%i"]
+        """The job's running steps as ``JOB.STEP`` of its own numeric id (``123.0``),
+        without its batch and extern steps.
+
+        squeue prints an array task's steps as ``ARRAY_TASK.STEP`` (``100_3.0``), and
+        ``-j`` of an array's own id (which one of its tasks keeps) lists every task's
+        steps: each step is kept by the numeric job id squeue gives it (``JobId``), so
+        one task never sees, or kills, its siblings' steps.
+        """
+        job = _job_id(job_id)
+        argv = [self.config.squeue_command, "-h", "-s", "-j", job, "-O", "JobId:24,StepId:80"]
         try:
             out = self.runner.run(argv, timeout=self.config.command_timeout).stdout
         except CommandError as exc:
             raise SlurmError(str(exc)) from None
-        return [s for s in out.split() if not s.endswith((".batch", ".extern"))]
+        steps = []
+        for line in out.splitlines():
+            fields = line.split()
+            if len(fields) != 2 or fields[0] != job:
+                continue
+            step = fields[1].rpartition(".")[2]
+            if step.isdigit():  # not batch, extern, interactive
+                steps.append(f"{job}.{step}")
+        return steps
 
     def signal_job(self, job_id: str, signal: str, *, full: bool = False) -> None:
         """Send a signal to the job's steps (``full``: to the batch script too)."""
@@ -262,8 +308,7 @@ class CliBackend:
     def kill_steps(self, job_id: str) -> list[str]:
         """SIGKILL the job's steps, not its batch script (``scancel --signal=KILL JOB``
         would end the whole job); returns the steps signalled."""
-        steps = [s for s in self.job_steps(job_id)
-                 if s.partition(".")[0] == _job_id(job_id) and s.partition(".")[2].isdigit()]
+        steps = self.job_steps(job_id)
         if steps:
             try:
                 self.runner.run([self.config.scancel_command, "--signal=KILL", *steps],

@@ -62,6 +62,15 @@ _HEAD_KEY = "|".join(HEAD_KEYS)
 _HEAD = re.compile(rf"JobId=(\d+)((?: (?:{_HEAD_KEY})=[0-9A-Za-z_,\-%\[\]]*)*) JobName=")
 
 
+def record_head(text: str) -> dict[str, str]:
+    """The first record's head: ``JobId`` and Slurm's numeric array and het fields, which
+    no user text can reach (empty when ``text`` starts with no record)."""
+    head = _HEAD.match(text)
+    if not head:
+        return {}
+    return {"JobId": head.group(1), **dict(t.partition("=")[::2] for t in head.group(2).split())}
+
+
 class AmbiguousJobName(SlurmError):
     """The job's name contains `` UserId=``: read the name on its own and parse again."""
 

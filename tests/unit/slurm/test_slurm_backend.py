@@ -154,7 +154,7 @@ def test_many_nodes_are_read_in_one_call() -> None:
 def test_a_shrink_runs_in_a_folder_of_its_own_and_steps_are_killed_by_id() -> None:
     import os
 
-    runner = CannedRunner({"-s": "12.0\n12.1\n12.batch\n12.extern\n"})
+    runner = CannedRunner({"-s": "12 12.0\n12 12.1\n12 12.batch\n12 12.extern\n"})
     cli = CliBackend(SlurmConfig(scontrol_command="scontrol", scancel_command="scancel",
                                  squeue_command="squeue"), runner)
     cli.shrink_job("12", ["n1", "n3"])
@@ -163,6 +163,22 @@ def test_a_shrink_runs_in_a_folder_of_its_own_and_steps_are_killed_by_id() -> No
     assert cwd is not None and not os.path.exists(cwd)  # removed, resize scripts and all
     assert cli.kill_steps("12") == ["12.0", "12.1"]  # never the batch script: the job goes on
     assert runner.calls[-1][0] == ["scancel", "--signal=KILL", "12.0", "12.1"]
+
+
+def test_an_array_tasks_steps_are_its_own_never_its_siblings() -> None:
+    """squeue prints an array task's steps as ARRAY_TASK.STEP, and ``-j`` of the array's
+    own id (which its last task keeps) lists every task's: a task kills its steps alone,
+    by its numeric id."""
+    listing = ("100  100_1.0\n100  100_1.batch\n101  100_0.0\n101  100_0.1\n"
+               "100  100_1.extern\n100  100_1.interactive\n")
+    runner = CannedRunner({"-s": listing})
+    cli = CliBackend(SlurmConfig(scancel_command="scancel", squeue_command="squeue"), runner)
+    assert cli.kill_steps("100") == ["100.0"]
+    assert runner.calls[-2][0] == ["squeue", "-h", "-s", "-j", "100", "-O",
+                                   "JobId:24,StepId:80"]
+    assert runner.calls[-1][0] == ["scancel", "--signal=KILL", "100.0"]
+    assert cli.kill_steps("101") == ["101.0", "101.1"]
+    assert cli.job_steps("102") == []
 
 
 def test_a_squeue_that_does_not_answer_is_a_slurm_error(tmp_path: Path) -> None:
@@ -185,3 +201,35 @@ def test_the_job_state_and_its_time_limit_come_in_one_squeue_call() -> None:
     cli = CliBackend(SlurmConfig(squeue_command="squeue"), runner)
     assert cli.job_state_and_limit("12") == ("RUNNING", "1-02:00:00")
     assert [c[0] for c in runner.calls] == [["squeue", "-h", "-j", "12", "-o", "%T %l"]]
+
+
+def test_the_array_task_holding_the_arrays_own_id_is_read_alone() -> None:
+    """Slurm before 23.02 (text records): ``scontrol show job A`` prints every task of
+    array A, and a task's comment may hold a line that looks like a record of A. The task
+    whose numeric id is A is read again alone, as ``A_T``, T from squeue's numbers."""
+
+    def rec(job: str, task: str, state: str, comment: str = "x") -> str:
+        return (f"JobId={job} ArrayJobId=460 ArrayTaskId={task} JobName=a UserId=u(1) "
+                f"JobState={state} Restarts=0 NodeList=n1 Command=/w/a.sh WorkDir=/w "
+                f"Comment={comment} StdErr=/w/o StdIn=/dev/null StdOut=/w/o Power=")
+
+    forged = "\n" + rec("460", "9", "NODE_FAIL")
+    listing = "\n".join([rec("461", "0", "RUNNING", "y" + forged), rec("460", "1", "RUNNING")])
+    runner = CannedRunner({"%A %K": "461 0\n460 1\n", "460_1": rec("460", "1", "RUNNING"),
+                           "460": listing + "\n"})
+    cli = CliBackend(SlurmConfig(scontrol_command="scontrol", squeue_command="squeue"), runner)
+    cli.json_supported = False
+    got = cli.job_info("460")
+    assert (got["JobId"], got["ArrayTaskId"], got["JobState"]) == ("460", "1", "RUNNING")
+    assert [c[0][-1] for c in runner.calls] == ["460", "%A %K", "460_1"]
+    # a task's own numeric id prints that task alone: read as it is, nothing more asked
+    runner = CannedRunner({"461": rec("461", "0", "RUNNING") + "\n"})
+    cli = CliBackend(SlurmConfig(scontrol_command="scontrol"), runner)
+    cli.json_supported = False
+    assert cli.job_info("461")["ArrayTaskId"] == "0" and len(runner.calls) == 1
+    # no one running task holds the array's id (a pending remainder, A_[2-5]): an error
+    runner = CannedRunner({"%A %K": "461 0\n460 2-5\n", "460": listing})
+    cli = CliBackend(SlurmConfig(scontrol_command="scontrol"), runner)
+    cli.json_supported = False
+    with pytest.raises(SlurmError, match="not one running task"):
+        cli.job_info("460")
