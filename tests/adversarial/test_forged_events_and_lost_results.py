@@ -35,8 +35,9 @@ FORGED = {
                  "echo 'NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.'",
     # a skipped prolog ("unchecked": retried, not counted, off the node) claimed by the job
     "attempt.unchecked": "forge attempt.unchecked '\"reason\":\"forged\",\"excluded\":true'\n"
-                         "echo \"jobwrap: the job did not start on $SLURMD_NODENAME: jobwrap's "
-                         "prolog did not run on $SLURMD_NODENAME for attempt $JOBWRAP_ATTEMPT\"",
+                         "echo \"jobwrap: job $SLURM_JOB_ID did not start on "
+                         "$SLURMD_NODENAME: jobwrap's prolog did not run on "
+                         "$SLURMD_NODENAME for attempt $JOBWRAP_ATTEMPT\"",
     # issue 22, item 2: one line no JSON reader can take (RecursionError in json.loads)
     # once crashed the epilog before its decision, the requeued prolog's resume lookup
     # and the watcher; a 300 KiB line and a NaN beside it
@@ -188,8 +189,8 @@ SKIP_CLAIM = """#!/bin/bash
 #SBATCH --output={work}/skipclaim-%j.out -N2
 #JOBWRAP --max-restarts=1
 for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST") n4 nx; do
-  echo "jobwrap: the job did not start on $node: jobwrap's prolog did not run on $node for \\
-attempt $JOBWRAP_ATTEMPT (slurmd before 23.02 skips it)"
+  echo "jobwrap: job $SLURM_JOB_ID did not start on $node: jobwrap's prolog did not run \\
+on $node for attempt $JOBWRAP_ATTEMPT (slurmd before 23.02 skips it)"
 done
 exit 1
 """

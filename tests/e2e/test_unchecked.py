@@ -102,7 +102,7 @@ def test_an_attempt_slurm_ran_without_the_prolog_never_runs_the_jobs_code(
         for job in jobs:
             cluster.wait_job(job, states={"RUNNING"})
         for _try in range(TRIES if old_slurm else 1):
-            _job_id, info, output, events = _follow(cluster, fillers, jobs, nodes)
+            job_id, info, output, events = _follow(cluster, fillers, jobs, nodes)
             assert info.get("JobState") == "COMPLETED", (info, output)
             prologs = {(e["node"], e["attempt"]) for e in events
                        if e["event"] == "prolog.context"}
@@ -121,7 +121,7 @@ def test_an_attempt_slurm_ran_without_the_prolog_never_runs_the_jobs_code(
             assert ends[1]["kind"] == "unchecked", (ends, output)
             assert ends[1]["decision"] == "requeue" and ends[1]["exclude"] == [skip_on]
             assert [(e["node"], e["attempt"]) for e in skipped] == [(skip_on, 1)]
-            assert f"jobwrap: the job did not start on {skip_on}: jobwrap's prolog did not " \
+            assert f"jobwrap: job {job_id} did not start on {skip_on}: jobwrap's prolog did not " \
                    f"run on {skip_on} for attempt 1" in output
             assert (skip_on, 1) not in ran
             assert filled[0] in {node for node, attempt in ran if attempt == 2}, output

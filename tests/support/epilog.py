@@ -31,7 +31,7 @@ CASES: dict[str, tuple[int, str, str, str]] = {
     "cancelled": (0, "CANCELLED", "", ""),
     "staging": (1, "FAILED", "", "staging_failed"),
     # Slurm ran no prolog on n1 for the attempt; the task-prolog ended it there
-    "unchecked": (1, "FAILED", "jobwrap: the job did not start on n1\n", "prolog_skipped"),
+    "unchecked": (1, "FAILED", f"jobwrap: job {JOB} did not start on n1\n", "prolog_skipped"),
     "user_error": (1, "FAILED", "ValueError: bad input\n", ""),
 }
 

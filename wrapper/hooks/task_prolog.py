@@ -153,7 +153,7 @@ def unchecked_message(ctx: JobContext, *, ends: bool) -> str:
     """What the job's output says when this node's prolog did not run for the attempt."""
     why = "so nothing checked this node's GPUs or staged the job's data here"
     if ends:  # the first node's epilog reads this line back (ev.claimed_unchecked)
-        return (f"{ev.did_not_start(ctx.node, ctx.attempt)}, {why}; this attempt ends "
+        return (f"{ev.did_not_start(ctx.job_id, ctx.node, ctx.attempt)}, {why}; this attempt ends "
                 f"before the job's code runs and is requeued away from {ctx.node} "
                 f"([hooks] unchecked_attempt = \"requeue\")")
     return (f"jobwrap: warning: {ev.prolog_skipped(ctx.node, ctx.attempt)}, {why}; it runs "

@@ -431,26 +431,28 @@ def prolog_skipped(node: str, attempt: int) -> str:
             f"23.02 skips it for a job requeued back onto a node within seconds)")
 
 
-def did_not_start(node: str, attempt: int) -> str:
+def did_not_start(job_id: str, node: str, attempt: int) -> str:
     """How the task-prolog's line in the job's output begins when it ends a task on
     ``node`` for a prolog that did not run there: the first node's epilog reads it back
-    (``claimed_unchecked``)."""
-    return f"jobwrap: the job did not start on {node}: {prolog_skipped(node, attempt)}"
+    (``claimed_unchecked``). It names the job: array tasks may share one output file
+    (``--open-mode=append``), and another job's line must never count for this one."""
+    return f"jobwrap: job {job_id} did not start on {node}: {prolog_skipped(node, attempt)}"
 
 
 # did_not_start's line, with srun's optional --label prefix ("1: ", " 1: " padded to the
 # widest task id, "P0  1: " in a heterogeneous job); the node named twice
-_DID_NOT_START = re.compile(r"^(?:P\d{1,3} +)?(?: {0,7}\d{1,7}: )?jobwrap: the job did not "
-                            r"start on "
+_DID_NOT_START = re.compile(r"^(?:P\d{1,3} +)?(?: {0,7}\d{1,7}: )?jobwrap: job "
+                            r"(?P<job>\d{1,10}) did not start on "
                             r"(?P<node>[A-Za-z0-9._-]{1,64}): jobwrap's prolog did not run "
                             r"on (?P=node) for attempt (?P<attempt>\d{1,6}) ", re.M)
 
 
-def claimed_unchecked(text: str, attempt: int) -> list[str]:
+def claimed_unchecked(text: str, job_id: str, attempt: int) -> list[str]:
     """The nodes whose task-prolog said in ``text`` (the job's output) that it ended
-    ``attempt``'s tasks there, unchecked: the job's words, for the caller to weigh."""
+    ``attempt``'s tasks of job ``job_id`` there, unchecked: the job's words, for the
+    caller to weigh. Lines of other jobs (array tasks sharing one output) do not count."""
     return sorted({m["node"] for m in _DID_NOT_START.finditer(text)
-                   if int(m["attempt"]) == attempt})
+                   if m["job"] == job_id and int(m["attempt"]) == attempt})
 
 
 @kind("attempt.unchecked", writer="root")

@@ -154,7 +154,7 @@ def _claimed_unchecked(ctx: JobContext, cfg: Config, store: JobStore,
         return ()
     if ctx.attempt > 0:  # this attempt's words (an appended output holds older jobs')
         text = after_banner(text, ctx.attempt)
-    return tuple(node for node in ev.claimed_unchecked(text, ctx.attempt)
+    return tuple(node for node in ev.claimed_unchecked(text, ctx.job_id, ctx.attempt)
                  if node in ctx.nodes and node != ctx.node
                  and not store.prolog_ran(node, ctx.attempt, events))
 

@@ -69,7 +69,7 @@ def test_a_task_without_its_prolog_gets_its_env_and_ends_before_the_jobs_code(
                     env=slurm_env("task-prolog"), out=out) == 1
     lines = out.getvalue().splitlines()
     assert "export JOBWRAP_ATTEMPT=1" in lines
-    assert lines[-1].startswith("print jobwrap: the job did not start on n1: jobwrap's "
+    assert lines[-1].startswith("print jobwrap: job 31 did not start on n1: jobwrap's "
                                 "prolog did not run on n1 for attempt 1")
     assert "requeued away from n1" in lines[-1]
 

@@ -80,7 +80,7 @@ def test_the_jobs_own_words_cannot_pass_for_a_skipped_prolog(
     prolog record present: the job's own failure, counted against it."""
     ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, "user_error", "first", True)
     Path(record.stdout).write_text(
-        "jobwrap: the job did not start on n1: jobwrap's prolog did not run on n1 for "
+        f"jobwrap: job {JOB} did not start on n1: jobwrap's prolog did not run on n1 for "
         "attempt 0 (slurmd before 23.02 skips it ...)\n")
     state.append("attempt.unchecked", as_user=True, node="n1", attempt=0, reason="forged")
     decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
@@ -137,7 +137,7 @@ def test_the_same_error_on_both_sides_of_a_skip_is_still_the_same_error() -> Non
         decision.reason
 
 
-SKIPPED_ON_N2 = ("jobwrap: the job did not start on n2: jobwrap's prolog did not run on n2 "
+SKIPPED_ON_N2 = (f"jobwrap: job {JOB} did not start on n2: jobwrap's prolog did not run on n2 "
                  "for attempt 1 (slurmd before 23.02 skips it ...), so nothing checked ...\n")
 
 
@@ -187,6 +187,8 @@ def test_a_skip_on_another_node_requeues_the_job_away_from_it(
     SKIPPED_ON_N2.replace("on n2:", "on n1:").replace("run on n2", "run on n1"),  # this node
     SKIPPED_ON_N2.replace("run on n2", "run on n1"),  # two nodes in one line
     "  " + SKIPPED_ON_N2,  # not at a line's start
+    # another job's line: array tasks sharing one output file (--open-mode=append)
+    SKIPPED_ON_N2.replace(f"job {JOB} ", f"job {int(JOB) + 1} "),
 ])
 def test_a_skip_claim_that_does_not_fit_the_attempt_is_not_believed(
         tmp_path: Path, epilog_case: EpilogCase, line: str) -> None:
@@ -212,11 +214,15 @@ def test_the_task_prologs_line_is_the_one_the_epilog_reads_back() -> None:
                      gid=os.getgid(), node="gpu-a07.rack3", nodes=["gpu-a01", "gpu-a07.rack3"],
                      gpus=[0], attempt=12)
     line = unchecked_message(ctx, ends=True)
-    assert ev.claimed_unchecked(line, 12) == ["gpu-a07.rack3"]
+    assert ev.claimed_unchecked(line, JOB, 12) == ["gpu-a07.rack3"]
     for label in ("3: ", " 3: ", "P1  3: "):  # srun --label: padded, heterogeneous jobs
-        assert ev.claimed_unchecked(f"{label}{line}", 12) == ["gpu-a07.rack3"], label
-    assert ev.claimed_unchecked(line, 1) == []
-    assert ev.claimed_unchecked(unchecked_message(ctx, ends=False), 12) == []  # it ran
+        assert ev.claimed_unchecked(f"{label}{line}", JOB, 12) == ["gpu-a07.rack3"], label
+    assert ev.claimed_unchecked(line, JOB, 1) == []
+    assert ev.claimed_unchecked(unchecked_message(ctx, ends=False), JOB, 12) == []  # it ran
+    # array tasks sharing one output file (--open-mode=append): another job's line, even
+    # for a node and attempt number this job has too, is not this job's
+    assert ev.claimed_unchecked(line, str(int(JOB) + 1), 12) == []
+    assert ev.claimed_unchecked(line.replace(f"job {JOB} ", f"job {JOB}0 "), JOB, 12) == []
 
 
 def test_roots_own_facts_outweigh_a_skip_another_node_reports(
