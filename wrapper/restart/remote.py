@@ -10,7 +10,8 @@ neither set a node's state in Slurm nor write root's events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from wrapper import log
 from wrapper.errors import JobwrapError
@@ -19,6 +20,10 @@ from wrapper.job.events import PrologContext
 from wrapper.restart.classify import HARDWARE, NODE_FAILURE, SUCCESS, Classification
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
+
+# Seconds between asks of Slurm's accounting for the attempt's end (it arrives after the
+# requeue): at most about 3 s, and only when a node's slurmd restarted during the attempt.
+ACCOUNTING_WAITS = (0.5, 1.0, 1.5)
 
 
 def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobContext,
@@ -53,29 +58,63 @@ def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobC
 
 
 def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, str], *,
-               since: float | None = None) -> dict[str, str]:
+               since: float | None = None, sleep: Callable[[float], None] = time.sleep
+               ) -> dict[str, str]:
     """``{node: Slurm's state and reason}`` for the job's other nodes Slurm lost, asked only
     when Slurm already ended the attempt by itself: a node failure (NODE_FAIL, or the job
-    already requeued by Slurm while this surviving node's epilog runs, which otherwise
-    looks like an exit 0). ``since``: the attempt's start (root's prolog record); a node
-    whose slurmd started after it was lost and is back already (it rebooted, or its
-    slurmd was restarted) before this epilog asked."""
+    already requeued while this surviving node's epilog runs, which otherwise looks like
+    an exit 0). ``since``: the attempt's start (root's prolog record).
+
+    A node is lost when Slurm's record says DOWN or not responding, or when the node
+    booted after the attempt began (lost and back). A slurmd that only restarted is no
+    loss: the job's steps outlive it, and a job that then requeues itself (its own
+    ``scontrol requeue``, the save before the time limit) must not make it one, or the
+    user would choose when nodes count as failed. It counts only when Slurm itself ended
+    the attempt as NODE_FAIL: its record, or its accounting of a requeued attempt."""
     from wrapper.restart.requeued import requeued_without_jobwrap
-    from wrapper.slurm.records import SlurmJob, node_lost
+    from wrapper.slurm.records import SlurmJob, node_down, node_rebooted, slurmd_restarted
 
     job = SlurmJob.of(slurm_job)
     if len(ctx.nodes) < 2 or not (job.final_state == "NODE_FAIL"
                                   or requeued_without_jobwrap(ctx.attempt, job)):
         return {}
     found: dict[str, str] = {}
+    restarted: dict[str, str] = {}
     for node, info in node_records(backend, ctx.nodes, ctx.node):
-        if node_lost(info):
+        state = info.get("State", "")
+        if node_down(info):
             reason = info.get("Reason", "").split(" [", 1)[0]
-            found[node] = f"{info.get('State', '')}" + (f" ({reason})" if reason else "")
-        elif node_lost(info, since):
-            found[node] = (f"{info.get('State', '')}, back: its slurmd started again at "
-                           f"{info.get('SlurmdStartTime', '?')}, during the attempt")
+            found[node] = state + (f" ({reason})" if reason else "")
+        elif since is not None and node_rebooted(info, since):
+            found[node] = (f"{state}, back: it booted again at {info.get('BootTime', '?')}, "
+                           "during the attempt")
+        elif since is not None and slurmd_restarted(info, since):
+            restarted[node] = (f"{state}, back: its slurmd started again at "
+                               f"{info.get('SlurmdStartTime', '?')}, during the attempt, "
+                               "and Slurm ended the attempt as NODE_FAIL")
+    if restarted and since is not None and (
+            job.final_state == "NODE_FAIL" or _accounted_node_fail(backend, ctx, since, sleep)):
+        found.update(restarted)
     return found
+
+
+def _accounted_node_fail(backend: SlurmBackend, ctx: JobContext, since: float,
+                         sleep: Callable[[float], None]) -> bool:
+    """Slurm's accounting has an attempt of the job that ended as NODE_FAIL after
+    ``since``; asked a few times, as slurmctld sends the record to slurmdbd after it
+    requeues the job. No accounting (or no answer): False, a restart stays a restart."""
+    for wait in (0.0, *ACCOUNTING_WAITS):
+        if wait:
+            sleep(wait)
+        try:
+            attempts = backend.ended_attempts(ctx.job_id)
+        except JobwrapError as exc:
+            log.get().warning("epilog.accounting_unavailable", error=str(exc)[:300])
+            return False
+        ended = [(state, end) for state, end in attempts if end is not None and end >= since]
+        if ended:
+            return any(state == "NODE_FAIL" for state, _ in ended)
+    return False
 
 
 def faults_elsewhere(backend: SlurmBackend, nodes: Sequence[str], here: str, attempt: int,

@@ -389,14 +389,38 @@ class CliBackend:
         except CommandError as exc:
             raise SlurmError(f"{first}; and then {exc}") from None
 
+    def ended_attempts(self, job_id: str) -> list[tuple[str, float | None]]:
+        """The job's attempts as Slurm's accounting recorded them, oldest first: (state,
+        end) of each (``sacct --duplicates``): a requeued attempt reads ``NODE_FAIL`` when
+        Slurm requeued it for a node it lost, ``REQUEUED`` when someone asked. Written by
+        slurmctld alone; SlurmError where the site keeps no accounting."""
+        from wrapper.slurm.records import slurm_timestamp
+
+        argv = [self._sibling("sacct"), "-n", "-P", "-X", "-D", "-j", _job_id(job_id),
+                "-o", "JobIDRaw,State,End"]
+        try:
+            out = self.runner.run(argv, timeout=self.config.command_timeout).stdout
+        except CommandError as exc:
+            raise SlurmError(str(exc)) from None
+        found = []
+        for line in out.splitlines():
+            raw, _, rest = line.partition("|")
+            state, _, end = rest.partition("|")
+            if raw == job_id and state:
+                found.append((state.split()[0], slurm_timestamp(end)))
+        return found
+
     def _sacctmgr(self) -> str:
-        """sacctmgr beside the configured scontrol (the same Slurm), else on PATH."""
+        return self._sibling("sacctmgr")
+
+    def _sibling(self, program: str) -> str:
+        """``program`` beside the configured scontrol (the same Slurm), else on PATH."""
         scontrol = self.config.scontrol_command
         if os.sep in scontrol:
-            sibling = os.path.join(os.path.dirname(scontrol), "sacctmgr")
+            sibling = os.path.join(os.path.dirname(scontrol), program)
             if os.access(sibling, os.X_OK):
                 return sibling
-        return "sacctmgr"
+        return program
 
     def exclude_nodes(self, job_id: str, nodes: list[str]) -> list[str]:
         """Add nodes to a pending job's excluded nodes; returns the whole excluded list."""

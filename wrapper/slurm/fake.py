@@ -20,6 +20,8 @@ class FakeSlurm:
     jobs: dict[str, dict[str, str]] = field(default_factory=dict)
     scripts: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    # job id -> (state, end) of each attempt, as sacct would print; absent: no accounting
+    accounting: dict[str, list[tuple[str, float | None]]] = field(default_factory=dict)
     refuse_requeue: str = ""  # non-empty: requeue raises SlurmError with this text
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
@@ -75,6 +77,12 @@ class FakeSlurm:
     def job_state_and_limit(self, job_id: str) -> tuple[str, str]:
         job = self.jobs.get(job_id, {})
         return job.get("JobState", ""), job.get("TimeLimit", "")
+
+    def ended_attempts(self, job_id: str) -> list[tuple[str, float | None]]:
+        self.calls.append(("ended_attempts", job_id))
+        if job_id not in self.accounting:
+            raise SlurmError("sacct: Slurm accounting storage is disabled")
+        return list(self.accounting[job_id])
 
     def job_steps(self, job_id: str) -> list[str]:
         return []

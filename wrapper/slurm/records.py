@@ -361,14 +361,29 @@ def node_lost(fields: Mapping[str, str], since: float | None = None) -> bool:
     """The node record says Slurm lost the node: DOWN, or not responding (``*``), or, with
     ``since`` (an attempt's start, seconds since the epoch), its slurmd or the node itself
     started again after it: lost and already back (a crashed node that rebooted)."""
-    state = fields.get("State", "").upper()
-    if "DOWN" in state or "NOT_RESPONDING" in state or state.endswith("*"):
+    if node_down(fields):
         return True
-    if since is None:
-        return False
-    return any(stamp is not None and stamp > since
-               for stamp in (slurm_timestamp(fields.get("SlurmdStartTime", "")),
-                             slurm_timestamp(fields.get("BootTime", ""))))
+    return since is not None and (node_rebooted(fields, since)
+                                  or slurmd_restarted(fields, since))
+
+
+def node_down(fields: Mapping[str, str]) -> bool:
+    """Slurm's record says the node is DOWN or not responding (``*``) now."""
+    state = fields.get("State", "").upper()
+    return "DOWN" in state or "NOT_RESPONDING" in state or state.endswith("*")
+
+
+def node_rebooted(fields: Mapping[str, str], since: float) -> bool:
+    """The node itself booted after ``since``: every process of a job there is gone."""
+    stamp = slurm_timestamp(fields.get("BootTime", ""))
+    return stamp is not None and stamp > since
+
+
+def slurmd_restarted(fields: Mapping[str, str], since: float) -> bool:
+    """The node's slurmd started after ``since``. Alone, no loss: a restarted slurmd
+    (``systemctl restart slurmd``, an upgrade) leaves the job's steps running."""
+    stamp = slurm_timestamp(fields.get("SlurmdStartTime", ""))
+    return stamp is not None and stamp > since
 
 
 def slurm_timestamp(text: str) -> float | None:

@@ -112,26 +112,43 @@ def test_a_reported_gpu_fault_is_hardware_only_once_root_confirms(
         assert ("gpu.confirmed" if confirmed else "gpu.not_confirmed") in kinds
 
 
-@pytest.mark.parametrize("n2", ["down", "back", "fine"])
+# n2 as the first node's epilog finds it, and what Slurm's accounting says of the attempt
+N2_CASES: dict[str, tuple[dict[str, str | int], str | None]] = {
+    "down": ({"State": "DOWN*", "Reason": "Not responding [slurm@2026-12-03T12:00:00]"}, None),
+    # the node booted again during the attempt: every process there died
+    "rebooted": ({"State": "IDLE", "Reason": "", "BootTime": 60}, None),
+    # its slurmd restarted during the attempt, and Slurm requeued the job for a lost node
+    "slurmd back, NODE_FAIL": ({"State": "IDLE", "SlurmdStartTime": 60}, "NODE_FAIL"),
+    # its slurmd restarted (an upgrade), then the job requeued itself: no node was lost
+    "slurmd back, own requeue": ({"State": "IDLE", "SlurmdStartTime": 60}, "REQUEUED"),
+    # no accounting to tell: a restarted slurmd stays a restart
+    "slurmd back, no accounting": ({"State": "IDLE", "SlurmdStartTime": 60}, ""),
+    "fine": ({"State": "IDLE", "Reason": "", "SlurmdStartTime": -3600}, None),
+}
+
+
+@pytest.mark.parametrize("n2", sorted(N2_CASES))
 def test_a_job_slurm_requeued_itself_is_released_never_requeued_twice(
         tmp_path: Path, epilog_case: EpilogCase, n2: str) -> None:
     """n2's slurmd died: Slurm marked it down, ended the job and requeued it itself, so
     the surviving first node's epilog sees exit 0 and a PENDING job. That attempt is a
     node failure excluding n2 (not a success), and only the release is left to do; also
-    when n2 is already back (rebooted: its slurmd started after the attempt began)."""
-    lost = n2 != "fine"
+    when n2 is already back (it booted again, or its slurmd started again and Slurm's
+    accounting ended the attempt as NODE_FAIL). A slurmd that only restarted under the
+    job, which then requeued itself, is no lost node (issue 37 item 1)."""
+    record_n2, accounted = N2_CASES[n2]
+    lost = n2 in ("down", "rebooted", "slurmd back, NODE_FAIL")
     ctx, cfg, state, record, _, _ = epilog_case(tmp_path, "success", "first", True)
     began = min(e.ts for e in JobStore(state).root_events() if isinstance(e, ev.PrologContext))
-    slurmd_start = datetime.fromtimestamp(began + (60 if n2 == "back" else -3600))
-    n2_record = {"State": "DOWN*", "Reason": "Not responding [slurm@2026-12-03T12:00:00]"} \
-        if n2 == "down" else {"State": "IDLE", "Reason": "",
-                              "SlurmdStartTime": slurmd_start.isoformat(timespec="seconds")}
+    n2_record = {k: datetime.fromtimestamp(began + v).isoformat(timespec="seconds")
+                 if isinstance(v, int) else v for k, v in record_n2.items()}
     ctx = JobContext(hook="epilog", job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(),
                      node="n1", nodes=["n1", "n2"], gpus=[0], attempt=0, exit_code=0,
                      exit_signal=0)
     slurm = FakeSlurm(jobs={JOB: {"JobId": JOB, "JobState": "PENDING", "Restarts": "1",
                                   "Requeue": "1", "ExitCode": "0:0"}},
-                      nodes={"n1": {"State": "MIXED"}, "n2": n2_record})
+                      nodes={"n1": {"State": "MIXED"}, "n2": n2_record},
+                      accounting={JOB: [(accounted, began + 120)]} if accounted else {})
     spawned: list[Sequence[str]] = []
     decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
                                  gpu_checked=True,
@@ -141,8 +158,12 @@ def test_a_job_slurm_requeued_itself_is_released_never_requeued_twice(
     assert slurm.did("requeue") == []  # Slurm did it; a second requeue would be refused
     if lost:
         assert (end.kind, decision.action) == ("node_failure", "requeue"), end.detail
-        assert ("n2: DOWN* (Not responding)" if n2 == "down" else
-                "n2: IDLE, back: its slurmd started again at") in end.detail, end.detail
+        assert {"down": "n2: DOWN* (Not responding)",
+                "rebooted": "n2: IDLE, back: it booted again at",
+                "slurmd back, NODE_FAIL": "n2: IDLE, back: its slurmd started again at"
+                }[n2] in end.detail, end.detail
+    # Slurm's accounting is asked only when a slurmd restart is all there is to go by
+    assert bool(slurm.did("ended_attempts")) == n2.startswith("slurmd back"), slurm.calls
     # recorded as a requeue jobwrap did not ask for, then only released
     [external] = [e for e in JobStore(state).root_events()
                   if isinstance(e, ev.RequeuedWithoutJobwrap)]

@@ -233,3 +233,21 @@ def test_the_array_task_holding_the_arrays_own_id_is_read_alone() -> None:
     cli.json_supported = False
     with pytest.raises(SlurmError, match="not one running task"):
         cli.job_info("460")
+
+
+def test_accountings_attempts_are_read_by_the_jobs_own_id() -> None:
+    """sacct --duplicates: one line an attempt, oldest first; a state with words after it
+    (``CANCELLED by 0``) is its first word; the running attempt has no end yet."""
+    from wrapper.slurm.records import slurm_timestamp
+
+    out = ("77|REQUEUED|2026-12-05T10:00:00\n77|NODE_FAIL|2026-12-05T10:05:00\n"
+           "77|CANCELLED by 0|2026-12-05T10:06:00\n770|NODE_FAIL|2026-12-05T10:07:00\n"
+           "77|RUNNING|Unknown\n")
+    runner = CannedRunner({"sacct": out})
+    cli = CliBackend(SlurmConfig(scontrol_command="/opt/slurm/bin/scontrol"), runner)
+    assert cli.ended_attempts("77") == [
+        ("REQUEUED", slurm_timestamp("2026-12-05T10:00:00")),
+        ("NODE_FAIL", slurm_timestamp("2026-12-05T10:05:00")),
+        ("CANCELLED", slurm_timestamp("2026-12-05T10:06:00")), ("RUNNING", None)]
+    assert runner.calls[-1][0] == ["sacct", "-n", "-P", "-X", "-D", "-j", "77", "-o",
+                                   "JobIDRaw,State,End"]
