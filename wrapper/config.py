@@ -24,24 +24,26 @@ ENV_VAR = "JOBWRAP_CONFIG"
 
 
 def _opt(default: Any, doc: str, *, choices: tuple[str, ...] = (), absolute: bool = False,
-         positive: bool = False, non_negative: bool = False) -> Any:
+         positive: bool = False, non_negative: bool = False,
+         at_least: float | None = None) -> Any:
     """One config key: its default, its documentation and its constraints, together.
 
     Supported types: str, int, float, bool and tuple[str, ...] (a TOML array of strings).
     """
-    return Opt(default, doc, choices, absolute, positive, non_negative)
+    return Opt(default, doc, choices, absolute, positive, non_negative, at_least)
 
 
 class Opt:
     """The declaration of one key; the class attribute a section's instances shadow."""
 
-    __slots__ = ("absolute", "choices", "default", "doc", "name", "non_negative", "positive",
-                 "type")
+    __slots__ = ("absolute", "at_least", "choices", "default", "doc", "name", "non_negative",
+                 "positive", "type")
 
     def __init__(self, default: Any, doc: str, choices: tuple[str, ...], absolute: bool,
-                 positive: bool, non_negative: bool) -> None:
+                 positive: bool, non_negative: bool, at_least: float | None = None) -> None:
         self.default, self.doc, self.choices = default, doc, choices
         self.absolute, self.positive, self.non_negative = absolute, positive, non_negative
+        self.at_least = at_least
         self.name = self.type = ""
 
 
@@ -319,6 +321,12 @@ class SupervisorConfig(Section):
 class RestartConfig(Section):
     max_restarts: int = _opt(3, "Default for --max-restarts: requeues of one job at most.",
                              non_negative=True)
+    max_restarts_limit: int = _opt(-1, "The most restarts a job may ask for (-1: no limit). "
+                                   "job_submit.lua (jobwrap install-lua) refuses a job "
+                                   "asking more at submit; the prolog, the supervisor and "
+                                   "the epilog hold every job to it, whatever its "
+                                   "directives say later (scontrol update Extra=...).",
+                                   at_least=-1)
     no_progress_limit: int = _opt(2, "Stop requeueing after this many failed attempts in a "
                                   "row ended at the same checkpoint (faults that are not "
                                   "the job's, such as a bad GPU, do not count).",
@@ -706,6 +714,8 @@ def _check_value(spec: Opt, value: Any) -> str | None:
         return "a number greater than 0"
     if spec.non_negative and value < 0:
         return "a number of 0 or more"
+    if spec.at_least is not None and value < spec.at_least:
+        return f"a number of {spec.at_least:g} or more"
     return None
 
 

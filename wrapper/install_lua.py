@@ -46,15 +46,20 @@ class SiteDefaults:
     batch_wrapper: str = ""
 
     @classmethod
-    def from_config(cls, cfg: Config, *, max_restarts_limit: int = -1,
-                    requeue: bool = True) -> SiteDefaults:
+    def from_config(cls, cfg: Config, *, requeue: bool = True) -> SiteDefaults:
+        """The site's defaults and limits, from its config: the values root's hooks hold
+        jobs to as well (``job.record.site_options``)."""
+        from wrapper.directives import JobOptions
+        from wrapper.job.record import site_options
+
         name, number = signal_of(cfg.supervisor.walltime_signal)
         lead = round(cfg.supervisor.walltime_lead)
         if lead > MAX_SIGNAL_LEAD:
             raise InstallError(f"[supervisor] walltime_lead = {cfg.supervisor.walltime_lead:g}: "
                                f"Slurm's --signal allows at most {MAX_SIGNAL_LEAD} s")
-        return cls(requeue=requeue, max_restarts=cfg.restart.max_restarts,
-                   max_restarts_limit=max_restarts_limit, signal_name=name,
+        restarts = site_options(JobOptions(), cfg).max_restarts
+        return cls(requeue=requeue, max_restarts=restarts if restarts is not None else 0,
+                   max_restarts_limit=cfg.restart.max_restarts_limit, signal_name=name,
                    signal_number=number, signal_lead=lead,
                    spare_nodes=spare_defaults(cfg.restart.spare_nodes),
                    batch_wrapper=batch_wrapper(cfg.restart.batch_wrapper))
@@ -158,12 +163,13 @@ def install(path: Path, text: str, mode: int = 0o644) -> Path:
 
 @click.command("install-lua")
 @click.argument("path", type=click.Path(dir_okay=True, file_okay=True, allow_dash=True))
-@click.option("--max-restarts-limit", type=click.IntRange(min=-1), default=-1,
-              show_default=True, help="Refuse jobs asking for more restarts than this "
-                                      "(-1: no limit).")
+@click.option("--max-restarts-limit", type=click.IntRange(min=-1), default=None,
+              help="Refuse jobs asking for more restarts than this (-1: no limit); "
+                   "default, and the only value accepted: the config's [restart] "
+                   "max_restarts_limit, which root's hooks enforce too.")
 @click.option("--no-requeue-default", is_flag=True,
               help="Do not make jobs requeueable; only check their directives.")
-def install_lua(path: str, max_restarts_limit: int, no_requeue_default: bool) -> None:
+def install_lua(path: str, max_restarts_limit: int | None, no_requeue_default: bool) -> None:
     """Install Slurm's job_submit.lua at PATH (a file, or the folder of slurm.conf; - prints
     it), with the site defaults taken from the jobwrap config.
 
@@ -174,8 +180,13 @@ def install_lua(path: str, max_restarts_limit: int, no_requeue_default: bool) ->
 
     root = click.get_current_context().find_root().obj or {}
     cfg = config.load(root.get("config_path"))
-    site = SiteDefaults.from_config(cfg, max_restarts_limit=max_restarts_limit,
-                                    requeue=not no_requeue_default)
+    limit = cfg.restart.max_restarts_limit
+    if max_restarts_limit is not None and max_restarts_limit != limit:
+        raise InstallError(f"--max-restarts-limit={max_restarts_limit} differs from the "
+                           f"config's [restart] max_restarts_limit = {limit} "
+                           f"({cfg.source or 'built-in defaults'}): set it there, so that "
+                           "root's hooks hold jobs to the limit job_submit.lua enforces")
+    site = SiteDefaults.from_config(cfg, requeue=not no_requeue_default)
     text = render(site, cfg.source)
     if path == "-":
         click.echo(text, nl=False)

@@ -152,3 +152,49 @@ def test_the_user_rewrites_extra_with_scontrol_update(cluster: Cluster) -> None:
     assert info["JobState"] in ("COMPLETED", "FAILED")
     # the archive keeps the job's real script, never the user's Extra in its place
     assert JobStore(JobState(cluster.state_dir, job_id)).script() in (None, SCRIPT)
+
+
+LIMITED = """#!/bin/bash
+#SBATCH --output=limited-%j.out
+#JOBWRAP --max-restarts=5
+echo "ValueError: bad input"
+exit 1
+"""
+
+
+def test_the_sites_restart_limit_holds_after_submit(cluster: Cluster) -> None:
+    """Issue 37 item 2: the site's ``[restart] max_restarts_limit`` was enforced only by
+    job_submit.lua. A job asking more than the limit got past it (a lua installed before
+    the limit was set; on 23.02+ the user rewrites Extra after submit, here to 9), and
+    root's epilog requeued it as often as the job said. Root's side now holds it to the
+    site's config: one restart, then a stop that names the limit."""
+    original = cluster.jobwrap_config.read_text()
+    assert "[restart]" not in original
+    limited = original + "\n[restart]\nmax_restarts_limit = 1\n"
+    tmp = cluster.jobwrap_config.with_name("jobwrap.toml.tmp")
+    tmp.write_text(limited)
+    tmp.chmod(0o644)
+    tmp.replace(cluster.jobwrap_config)
+    try:
+        job_id = cluster.submit(LIMITED, "--hold", name="limited.sh")
+        asked = "5"
+        if cluster.spec.slurm_prefix:  # 23.02+: the user's own rewrite of its directives
+            asked = "9"
+            cluster.as_user(["scontrol", "update", f"jobid={job_id}",
+                             f"extra={TAG}#JOBWRAP --max-restarts={asked}"])
+        cluster.as_user(["scontrol", "release", job_id])
+        info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED"}, timeout=150)
+    finally:
+        tmp.write_text(original)
+        tmp.chmod(0o644)
+        tmp.replace(cluster.jobwrap_config)
+    record = load(JobState(cluster.state_dir, job_id))
+    assert record.options["max_restarts"] == int(asked)  # what the job said, kept as said
+    ends = [(e["attempt"], e["decision"], e["reason"])
+            for e in JobState(cluster.state_dir, job_id).events(root_only=True)
+            if e["event"] == "attempt.end"]
+    assert [(a, d) for a, d, _ in ends] == [(0, "requeue"), (1, "stop")], ends
+    assert (f"restart limit reached (1 of --max-restarts=1; the job asked for {asked}, "
+            "this cluster allows at most 1)") in str(ends[1][2]), ends
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1", info
+    _not_drained(cluster)

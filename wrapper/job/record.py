@@ -80,13 +80,18 @@ class JobRecord:
 
 def site_options(options: JobOptions, cfg: Config) -> JobOptions:
     """``options`` with each one the job left unset taken from the site's config: the one
-    place a directive meets its site default. ``--max-restarts``: ``[restart]
-    max_restarts``; ``--hang-timeout``: ``[supervisor] hang_timeout``, whose 0 means no
-    fixed default (None: learned from the job's cadence), while the job's own 0 is off."""
+    place a directive meets its site default and its site limit. ``--max-restarts``:
+    ``[restart] max_restarts``, and never more than ``[restart] max_restarts_limit``
+    (job_submit.lua refuses more at submit, but a job's directives can be rewritten after
+    it: ``scontrol update Extra=``); ``--hang-timeout``: ``[supervisor] hang_timeout``,
+    whose 0 means no fixed default (None: learned from the job's cadence), while the
+    job's own 0 is off."""
+    restarts = options.max_restarts if options.max_restarts is not None \
+        else cfg.restart.max_restarts
+    limit = cfg.restart.max_restarts_limit
     return replace(
         options,
-        max_restarts=options.max_restarts if options.max_restarts is not None
-        else cfg.restart.max_restarts,
+        max_restarts=min(restarts, limit) if limit >= 0 else restarts,
         hang_timeout=options.hang_timeout if options.hang_timeout is not None
         else (cfg.supervisor.hang_timeout or None))
 

@@ -82,7 +82,7 @@ def decide(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
         history=gathered.history, checkpoint_step=checkpoint.step if checkpoint else None,
         checkpoint_path=checkpoint.path if checkpoint else None,
         node="" if remote else ctx.node, no_progress_limit=cfg.restart.no_progress_limit,
-        fallback=fallback)
+        fallback=fallback, asked=options.max_restarts)
     if remote and decision.requeue:  # exclude those nodes, not this healthy one
         decision = replace(decision, exclude_nodes=sorted(remote))
     decision = after_run_stopped(decision, verdict, store.user_claims(ctx.attempt))

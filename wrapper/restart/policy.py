@@ -69,11 +69,12 @@ class Decision:
 def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: bool,
            history: list[PastAttempt], checkpoint_step: int | None,
            checkpoint_path: str | None, node: str, no_progress_limit: int = 2,
-           fallback: tuple[str, str] | None = None) -> Decision:
+           fallback: tuple[str, str] | None = None, asked: int | None = None) -> Decision:
     """Decide for the attempt that just ended (``attempt``: 0 for the first run).
 
     ``fallback``: (the suspect checkpoint, the older one to resume from) when ``suspect``
-    holds and an older valid checkpoint exists."""
+    holds and an older valid checkpoint exists. ``asked``: the job's own --max-restarts
+    when the site's limit lowered it to ``max_restarts`` (said when the limit stops it)."""
     if now.kind == SUCCESS:
         return Decision("done", "the job succeeded")
     if now.kind == CANCELLED:
@@ -94,8 +95,10 @@ def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: 
                         "23.02 or later and resubmit")
     ran = attempt - skipped - (1 if free else 0)
     if not free and ran >= max_restarts:
+        site = f"; the job asked for {asked}, this cluster allows at most {max_restarts}" \
+            if asked is not None and asked > max_restarts else ""
         return Decision("stop", f"{now.kind}: restart limit reached ({ran} of "
-                        f"--max-restarts={max_restarts}); fix the cause and resubmit")
+                        f"--max-restarts={max_restarts}{site}); fix the cause and resubmit")
     if fallback is not None:
         bad, older = fallback
         return Decision("requeue", f"{now.kind} ({now.detail}) right after resuming from "

@@ -30,3 +30,16 @@ def test_hang_timeout_off_learned_and_fixed_stay_apart() -> None:
                        work_dir="/w", options={"max_restarts": 2})
     assert record.options_for(site(9, 300.0)) == JobOptions(max_restarts=2,
                                                             hang_timeout=300.0)
+
+
+def test_the_sites_restart_limit_holds_whatever_the_job_asks() -> None:
+    """``[restart] max_restarts_limit``: job_submit.lua refuses more at submit, but the
+    job's directives can be rewritten after it (Extra, 23.02+), and the lua may predate
+    the limit: root's merge holds every job to it (issue 37 item 2)."""
+    limited = Config(restart=RestartConfig(max_restarts=3, max_restarts_limit=2))
+    assert max_restarts(JobOptions(max_restarts=500), limited) == 2
+    assert max_restarts(JobOptions(max_restarts=1), limited) == 1
+    assert max_restarts(JobOptions(), limited) == 2  # the site's own default too
+    assert max_restarts(JobOptions(max_restarts=500), site(3)) == 500  # -1: no limit
+    zero = Config(restart=RestartConfig(max_restarts_limit=0))
+    assert site_options(JobOptions(max_restarts=4), zero).max_restarts == 0

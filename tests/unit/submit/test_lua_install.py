@@ -38,8 +38,8 @@ def test_the_template_holds_the_default_site() -> None:
 def test_site_from_the_config(tmp_path: Path) -> None:
     path = tmp_path / "jobwrap.toml"
     path.write_text('[supervisor]\nwalltime_signal = "SIGUSR2"\nwalltime_lead = 120.4\n'
-                    "[restart]\nmax_restarts = 7\n")
-    site = SiteDefaults.from_config(config.load(str(path)), max_restarts_limit=9)
+                    "[restart]\nmax_restarts = 7\nmax_restarts_limit = 9\n")
+    site = SiteDefaults.from_config(config.load(str(path)))
     assert site == SiteDefaults(requeue=True, max_restarts=7, max_restarts_limit=9,
                                 signal_name="USR2", signal_number=12, signal_lead=120)
     text = render(site, str(path))
@@ -92,9 +92,16 @@ def test_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
 
 def test_cli_writes_a_plugin_that_runs(tmp_path: Path) -> None:
     cfg = tmp_path / "jobwrap.toml"
-    cfg.write_text("[restart]\nmax_restarts = 0\n")
+    cfg.write_text("[restart]\nmax_restarts = 0\nmax_restarts_limit = 4\n")
     out = tmp_path / "etc"
     out.mkdir()
+    # the limit is the config's, which root's hooks read too: a flag that differs is
+    # refused, saying where to set it, and nothing is written
+    result = CliRunner().invoke(cli, ["--config", str(cfg), "install-lua", str(out),
+                                      "--max-restarts-limit", "6"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "differs from the config's [restart] max_restarts_limit = 4" in result.output
+    assert list(out.iterdir()) == []
     result = CliRunner().invoke(cli, ["--config", str(cfg), "install-lua", str(out),
                                       "--max-restarts-limit", "4"])
     assert result.exit_code == 0, result.output
