@@ -112,7 +112,7 @@ def supervise(job_id: str) -> None:
 def release(job_id: str, exclude: tuple[str, ...], running_grace: float) -> None:
     """Make a requeued job eligible as soon as Slurm allows (started by the epilog)."""
     from wrapper import config, log
-    from wrapper.release import release as do_release
+    from wrapper.restart.release import release as do_release
 
     cfg = config.load(_config_path())
     log.configure(file=cfg.log.file, level=cfg.log.level, stderr_format="logfmt")
@@ -130,7 +130,7 @@ def run_command(words: tuple[str, ...]) -> None:
     --hang-timeout, --checkpoint-glob, --checkpoint-marker, --no-requeue).
     """
     from wrapper import config, directives, log
-    from wrapper.runloop import run
+    from wrapper.restart.runloop import run
 
     option_words, command = directives.split_run_args(list(words))
     if not command:

@@ -7,8 +7,9 @@ events and the supervisor's root-owned channel (``wrapper.job.facts``); a GPU fa
 reports is hardware only once root's probe confirms it. A stage-out that did not bring
 everything back keeps the scratch in quarantine instead of removing it.
 
-This module keeps only the order of things: which attempt ended, the decision and its
-acts are ``wrapper.restart`` (``requeued.ended_attempt``, ``attempt.decide``, ``attempt.act``).
+This module keeps only the order of things: which attempt ended and the decision are
+``wrapper.restart`` (``requeued.ended_attempt``, ``attempt.decide``), what follows the
+decision ``wrapper.hooks.aftermath.act``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from wrapper.job import events as ev
 from wrapper.job import record as jobrecord
 from wrapper.job import state as state_mod
 from wrapper.job.store import JobStore
-from wrapper.restart.classify import HANG
 from wrapper.restart.policy import Decision
 from wrapper.slurm.context import JobContext
 
@@ -192,33 +192,16 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
     ``gpu_check_failed``: root's post-job check on this node failed; ``gpu_checked``:
     it ran (else a reported GPU fault is confirmed by a probe of root's own here).
     """
-    from wrapper.restart import apply, attempt
+    from wrapper.hooks import aftermath
+    from wrapper.restart import attempt
 
     store = JobStore(state)
     outcome = attempt.decide(ctx, cfg, store, record, backend,
                              gpu_check_failed=gpu_check_failed, gpu_checked=gpu_checked,
                              confirm=services.gpu_confirm if services else None)
-    attempt.act(ctx, cfg, store, backend, outcome,
-                spawn=services.spawn if services else None)
-    verdict, decision = outcome.verdict, outcome.decision
-    if cfg.metrics.textfile and verdict.kind != "success":
-        from wrapper import metrics
-
-        metrics.record_failure(cfg.metrics, verdict.kind, requeued=decision.requeue,
-                               node=ctx.node)
-    from wrapper.goodput.hook import after_attempt  # metrics, notifications, sacct
-
-    after_attempt(cfg, state, backend, attempt=ctx.attempt, node=ctx.node,
-                  kind=verdict.kind, decision=decision.action, reason=decision.reason,
-                  user=record.user)
-    used_run = any(isinstance(e, ev.RunStarted) for e in store.user_claims(ctx.attempt))
-    apply.tell_the_job(ctx, record, outcome.user, verdict, decision,
-                       apply.in_place_hint(verdict, decision, used_run=used_run))
-    if verdict.kind == HANG:  # a hang restarted in place and then healed tells nothing
-        from wrapper.watch.forensics import conclude
-
-        conclude(state, ctx.job_id, ctx.attempt, record.stdout, outcome.user)  # stuck rank(s)
-    return decision, outcome.gathered.info
+    aftermath.act(ctx, cfg, store, backend, record, outcome,
+                  spawn=services.spawn if services else None)
+    return outcome.decision, outcome.gathered.info
 
 
 def _prune_user_files(cfg: Config) -> None:

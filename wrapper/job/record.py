@@ -81,19 +81,46 @@ class JobRecord:
 def site_options(options: JobOptions, cfg: Config) -> JobOptions:
     """``options`` with each one the job left unset taken from the site's config: the one
     place a directive meets its site default and its site limit. ``--max-restarts``:
-    ``[restart] max_restarts``, and never more than ``[restart] max_restarts_limit``
-    (job_submit.lua refuses more at submit, but a job's directives can be rewritten after
-    it: ``scontrol update Extra=``); ``--hang-timeout``: ``[supervisor] hang_timeout``,
-    whose 0 means no fixed default (None: learned from the job's cadence), while the
-    job's own 0 is off."""
-    restarts = options.max_restarts if options.max_restarts is not None \
-        else cfg.restart.max_restarts
-    limit = cfg.restart.max_restarts_limit
+    ``allowed_restarts``; ``--hang-timeout``: ``[supervisor] hang_timeout``, whose 0 means
+    no fixed default (None: learned from the job's cadence), while the job's own 0 is
+    off."""
     return replace(
-        options,
-        max_restarts=min(restarts, limit) if limit >= 0 else restarts,
+        options, max_restarts=allowed_restarts(options, cfg),
         hang_timeout=options.hang_timeout if options.hang_timeout is not None
         else (cfg.supervisor.hang_timeout or None))
+
+
+def allowed_restarts(options: JobOptions, cfg: Config) -> int:
+    """The restarts the job gets: its --max-restarts, or ``[restart] max_restarts``, and
+    never more than ``[restart] max_restarts_limit`` (job_submit.lua refuses more at
+    submit, but a job's directives can be rewritten after it: ``scontrol update
+    Extra=``)."""
+    asked = options.max_restarts if options.max_restarts is not None \
+        else cfg.restart.max_restarts
+    limit = cfg.restart.max_restarts_limit
+    return min(asked, limit) if limit >= 0 else asked
+
+
+def merged_options(given: JobOptions, record: JobRecord | None, cfg: Config) -> JobOptions:
+    """What ``jobwrap run`` runs by: its command line (``given``) over the job's own
+    ``#JOBWRAP`` directives (root's record of the job, when there is one), the site's
+    defaults under both (``site_options``). A script that wraps its command in ``jobwrap
+    run --`` need not repeat its directives. The checkpoint folder is the record's, which
+    is resolved against the job's work dir; a relative one given on the command line is
+    resolved the same way."""
+    import os
+
+    # what the command line set (0 restarts is a value; None, () and False are unset)
+    set_here = {k: v for k, v in given.as_dict().items()
+                if v is not None and v is not False and v != ()}
+    merged = {**(record.job_options.as_dict() if record is not None else {}), **set_here}
+    work_dir = record.work_dir if record is not None and record.work_dir else None
+    folder = set_here.get("checkpoint_dir")
+    if folder is None and record is not None and record.checkpoint_dir:
+        merged["checkpoint_dir"] = record.checkpoint_dir  # resolved at the prolog
+    elif folder is not None and work_dir and not os.path.isabs(folder):
+        merged["checkpoint_dir"] = os.path.join(work_dir, folder)
+    return site_options(JobOptions.from_dict(merged), cfg)
 
 
 def gather(ctx: JobContext, backend: SlurmBackend) -> JobRecord:

@@ -17,7 +17,8 @@ from wrapper import log
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
 from wrapper.job.events import PrologContext
-from wrapper.restart.classify import HARDWARE, NODE_FAILURE, SUCCESS, Classification
+from wrapper.restart.classify import HARDWARE, NODE_FAILURE, SUCCESS
+from wrapper.restart.judge import Remote
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
 
@@ -26,35 +27,28 @@ from wrapper.slurm.context import JobContext
 ACCOUNTING_WAITS = (0.5, 1.0, 1.5)
 
 
-def with_remote_faults(verdict: Classification, backend: SlurmBackend, ctx: JobContext,
-                       root_events: Iterable[ev.Event], slurm_job: Mapping[str, str],
-                       ) -> tuple[Classification, dict[str, str]]:
-    """``verdict`` as classed on this node, or ``hardware`` when a watcher on another node
-    of the job found a GPU fault; with ``{node: reason}`` of those nodes (to exclude).
+def gather(backend: SlurmBackend, ctx: JobContext, root_events: Iterable[ev.Event],
+           slurm_job: Mapping[str, str], kind: str) -> Remote:
+    """What the job's other nodes say, for the judge (``wrapper.restart.judge``): the
+    nodes Slurm lost, and the nodes a watcher found a GPU fault on, asked only where they
+    can change the attempt's class ``kind`` (this node's own): not for a hardware fault
+    here, a real success (Slurm's exit not a signal: a post-job check drained a node
+    after the work was done) or a one-node job.
 
     A watcher ends the job with a signal, which the epilog's environment does not show
-    (exit 0): Slurm's ``ExitCode`` (``0:15``) does. A job that really succeeded keeps its
-    success even when another node is drained after it (its post-job check)."""
+    (exit 0): Slurm's ``ExitCode`` (``0:15``) does."""
     root_events = list(root_events)
     started = [e.ts for e in root_events
                if isinstance(e, PrologContext) and e.attempt == ctx.attempt and e.ts]
     lost = lost_nodes(backend, ctx, slurm_job, since=min(started, default=None))
-    if lost and verdict.kind not in (HARDWARE, NODE_FAILURE):
-        where = "; ".join(f"{node}: {why}" for node, why in sorted(lost.items()))
-        return Classification(NODE_FAILURE, f"Slurm lost a node of the job ({where})",
-                              "node_failure", [*verdict.evidence,
-                                               f"on this node: {verdict.kind}"]), lost
+    if lost and kind not in (HARDWARE, NODE_FAILURE):
+        return Remote(lost=lost)
     signalled = not slurm_job.get("ExitCode", "0:0").endswith(":0")
-    if verdict.kind == HARDWARE or (verdict.kind == SUCCESS and not signalled) \
-            or len(ctx.nodes) < 2:
-        return verdict, {}
-    remote = faults_elsewhere(backend, ctx.nodes, ctx.node, ctx.attempt, root_events)
-    if not remote:
-        return verdict, {}
-    where = "; ".join(f"{node}: {reason}" for node, reason in sorted(remote.items()))
-    return Classification(HARDWARE, f"a GPU fault on another node of the job ({where})",
-                          "gpu_fault", [*verdict.evidence, f"on this node: {verdict.kind}"]
-                          ), remote
+    if kind == HARDWARE or (kind == SUCCESS and not signalled) or len(ctx.nodes) < 2:
+        return Remote(lost=lost if kind == NODE_FAILURE else {})
+    return Remote(lost=lost if kind == NODE_FAILURE else {},
+                  faults=faults_elsewhere(backend, ctx.nodes, ctx.node, ctx.attempt,
+                                          root_events))
 
 
 def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, str], *,

@@ -2,8 +2,7 @@
 
 The one owner of the latest-checkpoint lookup (``latest``, and ``latest_as`` with the job
 user's rights for root's hooks) and of the variables the job sees (``exports``), for the
-task-prolog, ``jobwrap run`` and the supervisor alike, and of the restart limit's fallback
-to the site's default (``max_restarts``).
+task-prolog, ``jobwrap run`` and the supervisor alike.
 
 Falling back: a checkpoint root judged suspect (an attempt resumed from it and failed by
 its own fault before a newer one appeared; ``wrapper.job.events.CheckpointSuspect``) is
@@ -22,7 +21,6 @@ from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.checkpoints import Checkpoint
-    from wrapper.config import Config
     from wrapper.directives import JobOptions
     from wrapper.job.events import CheckpointSuspect
     from wrapper.job.record import JobRecord
@@ -113,16 +111,8 @@ def why_passed_over(path: str, step: int | None, mtime: float,
     return None
 
 
-def max_restarts(options: JobOptions, cfg: Config) -> int:
-    """The job's --max-restarts, or the site's default (``job.record.site_options``)."""
-    from wrapper.job.record import site_options
-
-    merged = site_options(options, cfg).max_restarts
-    return merged if merged is not None else cfg.restart.max_restarts
-
-
 def latest(directory: str | None, options: JobOptions, *, settle_seconds: float = 0.0,
-           suspects: Sequence[Suspect] = ()) -> Found | None:
+           suspects: Sequence[Suspect] = (), now: float | None = None) -> Found | None:
     """The latest valid checkpoint in ``directory`` (read with the caller's rights),
     passing over ``suspects`` and what is newer than them.
 
@@ -143,7 +133,7 @@ def latest(directory: str | None, options: JobOptions, *, settle_seconds: float 
 
     found = latest_valid(directory, glob=options.checkpoint_glob,
                          marker=options.checkpoint_marker, settle_seconds=settle_seconds,
-                         reject=reject if suspects else None).latest
+                         now=now, reject=reject if suspects else None).latest
     return Found(found.path, found.step, found.layout, found.mtime, tuple(passed)) \
         if found else None
 

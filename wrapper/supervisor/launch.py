@@ -126,11 +126,11 @@ def supervise(job_id: str, cfg: Config) -> int:
     def run_restarts() -> int:
         return JobStore(state).run_restarts(attempt)
 
-    from wrapper.restart import resume as resume_mod
+    from wrapper.job.record import allowed_restarts
 
     options = record.job_options
     may_requeue = cfg.supervisor.walltime_requeue and not options.no_requeue and \
-        attempt < resume_mod.max_restarts(options, cfg)
+        attempt < allowed_restarts(options, cfg)
     job_state = SlurmLook(backend, job_id, state, attempt,
                           unreachable_after=cfg.supervisor.slurm_unreachable,
                           ask_every=cfg.supervisor.slurm_ask_every,

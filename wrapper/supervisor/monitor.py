@@ -207,12 +207,13 @@ class Supervisor:
         directory = self.record.checkpoint_dir
         if not directory:
             return
-        from wrapper.checkpoints import latest_valid
+        from wrapper.job.store import JobStore
+        from wrapper.restart.resume import Suspect, latest
 
-        options = self.record.job_options
-        found = latest_valid(directory, glob=options.checkpoint_glob,
-                             marker=options.checkpoint_marker,
-                             settle_seconds=self.cfg.settle_seconds, now=now).latest
+        # as the next attempt would resume: past a checkpoint root marked suspect
+        suspects = [Suspect.of(e) for e in JobStore(self.state).suspects()]
+        found = latest(directory, self.record.job_options, suspects=suspects,
+                       settle_seconds=self.cfg.settle_seconds, now=now)
         if found is not None and found.path != self.seen.checkpoint:
             self.seen.checkpoint, self.seen.step = found.path, found.step
             self.seen.checkpoint_at = now

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from wrapper.config import Config, RestartConfig, SupervisorConfig
 from wrapper.directives import JobOptions
-from wrapper.job.record import JobRecord, site_options
-from wrapper.restart.resume import max_restarts
+from wrapper.job.record import JobRecord, allowed_restarts, site_options
 
 
 def site(restarts: int = 3, hang: float = 0.0) -> Config:
@@ -18,8 +17,8 @@ def test_a_directive_wins_and_an_unset_one_takes_the_sites_default() -> None:
     assert site_options(mine, site(3, 600.0)) == mine
     merged = site_options(JobOptions(checkpoint_dir="ck"), site(3, 600.0))
     assert (merged.max_restarts, merged.hang_timeout, merged.checkpoint_dir) == (3, 600.0, "ck")
-    assert max_restarts(JobOptions(), site(5)) == 5
-    assert max_restarts(JobOptions(max_restarts=0), site(5)) == 0  # 0 is a value
+    assert allowed_restarts(JobOptions(), site(5)) == 5
+    assert allowed_restarts(JobOptions(max_restarts=0), site(5)) == 0  # 0 is a value
 
 
 def test_hang_timeout_off_learned_and_fixed_stay_apart() -> None:
@@ -37,9 +36,9 @@ def test_the_sites_restart_limit_holds_whatever_the_job_asks() -> None:
     job's directives can be rewritten after it (Extra, 23.02+), and the lua may predate
     the limit: root's merge holds every job to it (issue 37 item 2)."""
     limited = Config(restart=RestartConfig(max_restarts=3, max_restarts_limit=2))
-    assert max_restarts(JobOptions(max_restarts=500), limited) == 2
-    assert max_restarts(JobOptions(max_restarts=1), limited) == 1
-    assert max_restarts(JobOptions(), limited) == 2  # the site's own default too
-    assert max_restarts(JobOptions(max_restarts=500), site(3)) == 500  # -1: no limit
+    assert allowed_restarts(JobOptions(max_restarts=500), limited) == 2
+    assert allowed_restarts(JobOptions(max_restarts=1), limited) == 1
+    assert allowed_restarts(JobOptions(), limited) == 2  # the site's own default too
+    assert allowed_restarts(JobOptions(max_restarts=500), site(3)) == 500  # -1: no limit
     zero = Config(restart=RestartConfig(max_restarts_limit=0))
     assert site_options(JobOptions(max_restarts=4), zero).max_restarts == 0

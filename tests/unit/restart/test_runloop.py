@@ -22,7 +22,7 @@ from wrapper.job.store import JobStore
 from wrapper.restart.apply import in_place_hint
 from wrapper.restart.classify import Classification
 from wrapper.restart.policy import Decision
-from wrapper.runloop import FORWARDED, run
+from wrapper.restart.runloop import FORWARDED, run
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def test_faulty_nodes_are_roots_and_slurms_facts(tmp_path: Path,
 
 def test_no_restart_in_place_on_a_faulty_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               handlers: None) -> None:
-    import wrapper.runloop as runloop
+    import wrapper.restart.runloop as runloop
 
     said: list[str] = []
     monkeypatch.setattr(runloop, "faulty_nodes",
@@ -159,8 +159,8 @@ def test_no_restart_in_place_on_a_faulty_node(tmp_path: Path, monkeypatch: pytes
 def test_run_takes_the_jobs_directives_where_its_command_line_is_silent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from wrapper.job import record as jobrecord
-    from wrapper.job.record import JobRecord
-    from wrapper.runloop import with_directives
+    from wrapper.job.record import JobRecord, site_options
+    from wrapper.restart.runloop import with_directives
 
     cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
     state = JobState(tmp_path / "state", JOB)
@@ -169,7 +169,9 @@ def test_run_takes_the_jobs_directives_where_its_command_line_is_silent(
         job_id=JOB, user="u", uid=os.getuid(), gid=os.getgid(), nodes=["n1"], gpus=[],
         work_dir=str(tmp_path), options={"checkpoint_dir": "ckpt", "max_restarts": 4,
                                          "checkpoint_glob": "step_*"}).as_dict())
-    assert with_directives(parse_args([]), cfg) == parse_args([])  # not in a job
+    # not in a job: its own options over the site's defaults (the one merge)
+    assert with_directives(parse_args([]), cfg) == site_options(parse_args([]), cfg)
+    assert with_directives(parse_args([]), cfg).max_restarts == cfg.restart.max_restarts
     monkeypatch.setenv("SLURM_JOB_ID", JOB)
     merged = with_directives(parse_args([]), cfg)
     assert (merged.checkpoint_dir, merged.max_restarts, merged.checkpoint_glob) == \
@@ -177,9 +179,14 @@ def test_run_takes_the_jobs_directives_where_its_command_line_is_silent(
     own = with_directives(parse_args(["--max-restarts=0", "--checkpoint-dir=/elsewhere"]), cfg)
     assert (own.checkpoint_dir, own.max_restarts, own.checkpoint_glob) == \
         ("/elsewhere", 0, "step_*")
+    # a relative folder on the command line is the job's work dir's, as the record's is,
+    # wherever jobwrap run was started from
+    monkeypatch.chdir("/")
+    assert with_directives(parse_args(["--checkpoint-dir=mine"]), cfg).checkpoint_dir == \
+        str(tmp_path / "mine")
     monkeypatch.setenv("SLURM_JOB_ID", "999")  # no record of that job: its own options
     assert with_directives(parse_args(["--max-restarts=2"]), cfg) == \
-        parse_args(["--max-restarts=2"])
+        site_options(parse_args(["--max-restarts=2"]), cfg)
 
 
 def _spare_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: str = "n[1-3]"
@@ -253,7 +260,7 @@ def test_a_faulty_node_is_given_back_and_a_spare_takes_its_place(
 
 def test_run_moves_onto_a_spare_without_spending_a_restart(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
-    import wrapper.runloop as runloop
+    import wrapper.restart.runloop as runloop
 
     _spare_job(tmp_path, monkeypatch)
     moves: list[dict[str, str]] = []
@@ -293,8 +300,8 @@ def test_a_node_srun_could_not_reach_is_awaited_then_swapped_for_a_spare(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
     # srun ended before slurmctld marked n2 not responding: restarting at once would
     # launch on n2 again; jobwrap run asks Slurm again until it has judged n2
+    import wrapper.restart.runloop as runloop
     import wrapper.restart.spares as spares_mod
-    import wrapper.runloop as runloop
 
     _spare_job(tmp_path, monkeypatch)
     asked: list[int] = []
@@ -347,7 +354,7 @@ def test_the_wait_for_slurms_verdict_is_bounded(
 
 def test_without_srun_naming_a_node_nothing_is_awaited(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
-    import wrapper.runloop as runloop
+    import wrapper.restart.runloop as runloop
 
     asked: list[int] = []
     monkeypatch.setattr(runloop, "faulty_nodes",

@@ -8,12 +8,14 @@ from pathlib import Path
 from wrapper import config
 from wrapper.config import SlurmConfig
 from wrapper.job import events as ev
-from wrapper.restart.classify import Classification
-from wrapper.restart.remote import faults_elsewhere, with_remote_faults
+from wrapper.restart.classify import Classification, Evidence
+from wrapper.restart.judge import Facts, overridden
+from wrapper.restart.remote import faults_elsewhere, gather
 from wrapper.sandbox import gpus
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.commands import CliBackend
 from wrapper.slurm.context import JobContext
+from wrapper.slurm.records import SlurmJob
 from wrapper.watch.feed import Fault, Watcher
 from wrapper.watch.process import read_faults
 
@@ -125,15 +127,22 @@ def test_root_events_of_another_node_make_the_attempt_hardware_and_exclude_it() 
               ev.WatchFault(node="n9", attempt=0, reason="not the job's")]
     assert faults_elsewhere(no_slurm(), ["n1", "n2"], "n1", 0, events) == {"n2": XID.reason}
     killed = Classification("user_error", "exit -1 (signal 9)", "exit:-1:9:")
-    verdict, remote = with_remote_faults(killed, no_slurm(), ctx(), events, {})
+
+    def with_remote_faults(verdict: Classification, events: list[ev.Event],
+                           slurm_job: dict[str, str]) -> tuple[Classification, dict[str, str]]:
+        # the epilog's two halves: root's and Slurm's facts gathered, then the judge's
+        others = gather(no_slurm(), ctx(), events, slurm_job, verdict.kind)
+        return overridden(verdict, Facts(evidence=Evidence(), attempt=0, max_restarts=3,
+                                         remote=others, nodes=2, job=SlurmJob.of(slurm_job)))
+
+    verdict, remote = with_remote_faults(killed, events, {})
     assert remote == {"n2": XID.reason}
     assert verdict.kind == "hardware" and "n2: jobwrap: xid gpu0" in verdict.detail
     ok = Classification("success", "exit 0")  # the epilog's view of a job a watcher ended
-    assert with_remote_faults(ok, no_slurm(), ctx(), events, {"ExitCode": "0:15"})[0].kind \
-        == "hardware"
+    assert with_remote_faults(ok, events, {"ExitCode": "0:15"})[0].kind == "hardware"
     # really succeeded: another node drained after it (its post-job check) changes nothing
-    assert with_remote_faults(ok, no_slurm(), ctx(), events, {"ExitCode": "0:0"}) == (ok, {})
-    assert with_remote_faults(killed, no_slurm(), ctx(), [], {}) == (killed, {})
+    assert with_remote_faults(ok, events, {"ExitCode": "0:0"}) == (ok, {})
+    assert with_remote_faults(killed, [], {}) == (killed, {})
 
 
 def test_stop_ends_only_the_watcher_its_pid_file_names(tmp_path: Path) -> None:

@@ -32,20 +32,18 @@ from wrapper import log
 from wrapper.config import Config
 from wrapper.directives import JobOptions
 from wrapper.job import events as ev
+from wrapper.job.record import allowed_restarts
 from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
 from wrapper.restart.classify import (
     HANG,
     HARDWARE,
     NODE_FAILURE,
-    SUCCESS,
-    USER_ERROR,
-    Classification,
     Evidence,
-    classify,
     oom_kill_in_output,
 )
-from wrapper.restart.policy import PastAttempt, decide
+from wrapper.restart.judge import Facts, judge
+from wrapper.restart.policy import PastAttempt
 from wrapper.restart.spares import (
     Spares,
     await_verdict,
@@ -93,7 +91,7 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
     for signum in FORWARDED:
         signal.signal(signum, forwarder)
     options = with_directives(options, cfg)
-    max_restarts = resume_mod.max_restarts(options, cfg)
+    max_restarts = allowed_restarts(options, cfg)
     base_attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     spares = Spares.of(options, os.environ, working=working_before(cfg))
     _note(cfg, ev.RunStarted(attempt=base_attempt, command=" ".join(command)[:400],
@@ -158,20 +156,16 @@ def run(command: Sequence[str], options: JobOptions, cfg: Config,
         # read as "the same error" and stop the restarts
         # The output is jobwrap run's own evidence (it decides for the job's user alone):
         # slurmstepd's OOM-kill line there is the OOM kill root would see in Slurm.
-        verdict = classify(Evidence(exit_code=code, exit_signal=sig, output_tail=text,
-                                    oom_kill=oom_kill_in_output(text)))
-        if ended == HANG:
-            verdict = Classification(HANG, "no progress for the hang timeout; jobwrap's "
-                                     "supervisor ended the command's steps", "hang")
-        elif ended and verdict.kind == SUCCESS:
-            verdict = Classification(USER_ERROR, f"jobwrap ended the command's steps ({ended})"
-                                     "; the command then ended 0", "ended_by_jobwrap")
         after = _latest(options)
-        decision = decide(verdict, attempt=attempt - swaps, max_restarts=max_restarts,
-                          no_requeue=options.no_requeue, history=state.history,
-                          checkpoint_step=after[1] if after else None,
-                          checkpoint_path=after[0] if after else None, node="",
-                          no_progress_limit=cfg.restart.no_progress_limit)
+        judgement = judge(Facts(
+            evidence=Evidence(exit_code=code, exit_signal=sig, output_tail=text,
+                              oom_kill=oom_kill_in_output(text)),
+            attempt=attempt - swaps, max_restarts=max_restarts,
+            no_requeue=options.no_requeue, history=state.history,
+            checkpoint_step=after[1] if after else None,
+            checkpoint_path=after[0] if after else None,
+            no_progress_limit=cfg.restart.no_progress_limit, ended_by=ended))
+        verdict, decision = judgement.verdict, judgement.decision
         if decision.action == "done":
             return 0
         say(f"jobwrap run: attempt {attempt} ended: {verdict.kind} ({verdict.detail}); "
@@ -267,27 +261,21 @@ def _job_nodes() -> list[str]:
 
 
 def with_directives(options: JobOptions, cfg: Config) -> JobOptions:
-    """``options`` over the job's own ``#JOBWRAP`` directives (root's record of the job):
-    a script that wraps its command in ``jobwrap run --`` need not repeat them. Outside a
-    job, or without its record, ``options`` alone."""
-    job_id = os.environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return options
+    """``options`` over the job's own ``#JOBWRAP`` directives and the site's defaults
+    (``job.record.merged_options``). Outside a job, or without its record, ``options``
+    over the site's defaults alone."""
     from wrapper.errors import JobwrapError
     from wrapper.job import record as jobrecord
     from wrapper.job.state import for_job
 
-    try:
-        record = jobrecord.load(for_job(cfg, job_id))
-    except (JobwrapError, OSError):
-        return options
-    # what the command line set (0 restarts is a value; None, () and False are unset)
-    given = {k: v for k, v in options.as_dict().items()
-             if v is not None and v is not False and v != ()}
-    merged = {**record.job_options.as_dict(), **given}
-    if "checkpoint_dir" not in given and record.checkpoint_dir:
-        merged["checkpoint_dir"] = record.checkpoint_dir  # relative to the job's work dir
-    return JobOptions.from_dict(merged)
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    record = None
+    if job_id.isdigit():
+        try:
+            record = jobrecord.load(for_job(cfg, job_id))
+        except (JobwrapError, OSError):
+            record = None
+    return jobrecord.merged_options(options, record, cfg)
 
 
 def ended_by_jobwrap(cfg: Config, attempt: int, since: float) -> str:

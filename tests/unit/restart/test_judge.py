@@ -1,0 +1,115 @@
+"""The one judge of an attempt's end (``wrapper.restart.judge``), and the two paths that
+call it: the first node's epilog and ``jobwrap run``."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.epilog import EpilogCase
+from wrapper.config import Config, PathsConfig
+from wrapper.directives import parse_args
+from wrapper.hooks import Services
+from wrapper.hooks.epilog import decide_attempt
+from wrapper.job import events as ev
+from wrapper.restart import judge as judge_mod
+from wrapper.restart import runloop
+from wrapper.restart.classify import Evidence
+from wrapper.restart.judge import Facts, Judgement, Remote, judge
+from wrapper.slurm.records import SlurmJob
+
+KILLED = Evidence(exit_code=137, output_tail="srun: error: n1: task 0: Killed\n")
+OK = Evidence(exit_code=0)
+
+
+def facts(evidence: Evidence = KILLED, **over: object) -> Facts:
+    base: dict[str, object] = {"evidence": evidence, "attempt": 0, "max_restarts": 3,
+                               "node": "n1", "nodes": 2}
+    return Facts(**{**base, **over})  # type: ignore[arg-type]
+
+
+def test_a_node_slurm_lost_outweighs_this_nodes_class_and_is_excluded_not_this_one() -> None:
+    got = judge(facts(remote=Remote(lost={"n2": "DOWN*"})))
+    assert got.verdict.kind == "node_failure" and "n2: DOWN*" in got.verdict.detail
+    assert got.decision.action == "requeue" and got.decision.exclude_nodes == ["n2"]
+    # Slurm's NODE_FAIL here too: still the lost node excluded, never the healthy first
+    got = judge(facts(Evidence(slurm_state="NODE_FAIL"), remote=Remote(lost={"n2": "DOWN*"})))
+    assert (got.verdict.kind, got.decision.exclude_nodes) == ("node_failure", ["n2"])
+
+
+def test_a_fault_elsewhere_is_hardware_unless_the_work_really_succeeded() -> None:
+    fault = Remote(faults={"n2": "jobwrap: xid gpu0"})
+    got = judge(facts(remote=fault))
+    assert (got.verdict.kind, got.decision.exclude_nodes) == ("hardware", ["n2"])
+    signalled = SlurmJob.of({"ExitCode": "0:15"})
+    assert judge(facts(OK, remote=fault, job=signalled)).verdict.kind == "hardware"
+    clean = SlurmJob.of({"ExitCode": "0:0"})
+    assert judge(facts(OK, remote=fault, job=clean)).verdict.kind == "success"
+    assert judge(facts(remote=fault, nodes=1)).verdict.kind != "hardware"  # one node: its own
+
+
+def test_what_jobwrap_did_to_a_run_is_its_class() -> None:
+    assert judge(facts(OK, ended_by="hang")).verdict.kind == "hang"
+    got = judge(facts(OK, ended_by="jobwrap: xid gpu1"))
+    assert got.verdict.kind == "user_error" and "jobwrap: xid gpu1" in got.verdict.detail
+    assert judge(facts(OK)).decision.action == "done"
+
+
+def test_a_stopped_run_stops_only_the_jobs_own_failures() -> None:
+    stopped = ev.RunStopped(attempt=0, kind_ended="killed", reason="brakes")
+    got = judge(facts(run_stopped=stopped))
+    assert got.decision.action == "stop" and "jobwrap run restarted it" in got.decision.reason
+    got = judge(facts(run_stopped=stopped, remote=Remote(faults={"n2": "jobwrap: xid"})))
+    assert got.decision.action == "requeue"  # a fault that is not the job's: requeued
+
+
+def test_a_requeue_slurm_made_is_recorded_never_made_again() -> None:
+    job = SlurmJob.of({"JobState": "PENDING", "Restarts": "1", "ExitCode": "0:0"})
+    got = judge(facts(job=job))
+    assert got.external is not None and got.external.restarts == 1
+    assert got.decision.action == "requeue" and "without jobwrap" in got.decision.reason
+    assert judge(facts(job=SlurmJob.of({"Restarts": "0"}))).external is None
+
+
+def test_a_resume_that_failed_at_once_falls_back_past_the_suspect() -> None:
+    bad, older = "/c/step_9", "/c/step_8"
+    got = judge(facts(Evidence(exit_code=1, output_tail="RuntimeError: nan\n"),
+                      resumed_from=bad, older_valid=older, checkpoint_path=bad))
+    assert got.fallback == (bad, older) and older in got.decision.reason
+
+
+@pytest.fixture
+def judged(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Facts]]:
+    """Every call of the one judge, from whichever path."""
+    seen: list[Facts] = []
+
+    def spy(given: Facts) -> Judgement:
+        seen.append(given)
+        return judge(given)
+
+    monkeypatch.setattr(judge_mod, "judge", spy)
+    monkeypatch.setattr(runloop, "judge", spy)
+    yield seen
+
+
+def test_the_epilog_and_jobwrap_run_ask_the_same_judge(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, epilog_case: EpilogCase,
+        judged: list[Facts]) -> None:
+    ctx, cfg, state, record, slurm, failed = epilog_case(tmp_path / "e", "user_error",
+                                                         "first", True)
+    decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=failed,
+                   services=Services(cfg, spawn=lambda argv: None))
+    assert [f.evidence.exit_code for f in judged] == [1]
+    saved = {s: signal.getsignal(s) for s in runloop.FORWARDED}
+    try:
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+        run_cfg = Config(paths=PathsConfig(state_dir=str(tmp_path / "state")))
+        assert runloop.run(["sh", "-c", "exit 3"], parse_args(["--max-restarts=0"]), run_cfg,
+                           say=lambda text: None) == 3
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    assert [f.evidence.exit_code for f in judged] == [1, 3]
