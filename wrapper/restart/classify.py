@@ -14,6 +14,7 @@ the attempt is judged on the rest, and the detail says the report was not confir
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import field, replace
 
 from wrapper.job.events import GpuFault, Hang, HangInPlace
@@ -132,108 +133,195 @@ def classify(ev: Evidence) -> Classification:
                           f"{verdict.detail})", CLAIMED_SKIP)
 
 
-def _classify(ev: Evidence) -> Classification:
-    state = ev.slurm_state.upper()
-    signal_note = f" (signal {ev.exit_signal})" if ev.exit_signal else ""
-    if state == "NODE_FAIL":
-        return Classification(NODE_FAILURE, "Slurm reported NODE_FAIL", "node_fail")
-    if state == "PREEMPTED":
-        return Classification(PREEMPTED, "preempted by Slurm", "preempted")
-    succeeded = state == "COMPLETED" or (ev.exit_code == 0 and not ev.exit_signal
-                                         and state not in ("CANCELLED", "FAILED"))
-    if ev.unchecked and not succeeded and state != "CANCELLED":
-        return Classification(UNCHECKED, f"{ev.unchecked}; the task-prolog ended the attempt "
-                              "before the job's code started", "unchecked")
-    if ev.staging_error:
-        return Classification(STAGING, f"the job could not be prepared: {ev.staging_error}",
-                              "staging")
-    if ev.gpu_check_failed:
-        why = "the supervisor saw a GPU fault, confirmed by root's GPU check" \
-            if GpuFault.KIND in ev.supervisor_events else "the post-job GPU check failed"
-        return Classification(HARDWARE, why, "gpu_fault")
-    unconfirmed = list(ev.unconfirmed)
-    if GpuFault.KIND in ev.supervisor_events:
-        unconfirmed.append("the supervisor's GPU fault")
-    if ended_by_hang(ev.supervisor_events):
-        return Classification(HANG, "no progress and no output for the hang timeout; "
-                              "jobwrap ended the job", "hang")
-    if HangInPlace.KIND in ev.supervisor_events and state not in ("TIMEOUT", "CANCELLED",
-                                                                   "OUT_OF_MEMORY") \
-            and _sigkill(ev):
-        # The supervisor ended the hung steps for jobwrap run, whose brakes then stopped
-        # (or which ended with them) and passed on their SIGKILL: still the hang's doing.
-        return Classification(HANG, "no progress and no output for the hang timeout; "
-                              "jobwrap ended the job's steps and jobwrap run did not "
-                              "restart them", "hang")
-    if state == "TIMEOUT":
-        return Classification(WALLTIME, "reached its time limit", "walltime")
-    if state == "OUT_OF_MEMORY":
-        return Classification(HOST_OOM, "Slurm reported OUT_OF_MEMORY", "host_oom")
-    failed = state in ("FAILED", "") and not (ev.exit_code == 0 and not ev.exit_signal)
-    if ev.oom_kill and failed:
-        return Classification(HOST_OOM, f"the kernel's OOM killer ended it ({ev.oom_kill})",
-                              "host_oom")
-    if ev.requeued_before_limit_s is not None and state != "CANCELLED":
-        left = max(0, round(ev.requeued_before_limit_s))
-        return Classification(WALLTIME, f"requeued {left} s before its time limit, by the "
-                              "job's side (jobwrap's supervisor once the save it asked for "
-                              "was on disk, or the job's own signal trap)", "walltime")
-    cancelled = _cancel_line(ev) if state != "COMPLETED" else ""
-    if cancelled and GpuFault.KIND not in ev.supervisor_events:
-        # While the job completes Slurm's record says COMPLETING and the exit Slurm hands
-        # the epilog is 0 (the batch script had not ended when it was cancelled): the line
-        # slurmstepd wrote into the job's output is all that tells. The job's own words, so
-        # they may only stop it (scancel's effect), never requeue it nor loosen a brake.
-        return Classification(CANCELLED, f"cancelled while it ran: {cancelled} (slurmstepd's "
-                              "line in the job's output)", "cancelled")
-    if succeeded:
-        return Classification(SUCCESS, "exit 0", "")
-    if state == "CANCELLED":
-        return Classification(CANCELLED, "cancelled (scancel)", "cancelled")
-    killed = _sigkill(ev)
-    if killed:
-        detail = f"{killed}; no OOM kill recorded for the job: ended from outside"
-        if unconfirmed:
-            detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
-        return Classification(KILLED, detail, "killed")
-    last = ""
-    # A rank's own crash is the cause; its peers' gloo/NCCL errors that follow are not.
+@dataclass(frozen=True)
+class _Seen:
+    """What every rule reads: the evidence, and what follows from it alone."""
+
+    ev: Evidence
+    state: str  # Slurm's final state, upper case
+    succeeded: bool
+    failed: bool
+    # reports of a GPU fault no root probe confirmed (the supervisor's, so far)
+    unconfirmed: tuple[str, ...]
+
+    @classmethod
+    def of(cls, ev: Evidence) -> _Seen:
+        state = ev.slurm_state.upper()
+        clean_exit = ev.exit_code == 0 and not ev.exit_signal
+        return cls(ev, state,
+                   succeeded=state == "COMPLETED" or (
+                       clean_exit and state not in ("CANCELLED", "FAILED")),
+                   failed=state in ("FAILED", "") and not clean_exit,
+                   unconfirmed=tuple(ev.unconfirmed) + (
+                       ("the supervisor's GPU fault",)
+                       if GpuFault.KIND in ev.supervisor_events else ()))
+
+
+Rule = Callable[[_Seen], "Classification | None"]
+
+
+# -- Slurm's own verdict ------------------------------------------------------------------
+def _node_fail(s: _Seen) -> Classification | None:
+    return Classification(NODE_FAILURE, "Slurm reported NODE_FAIL", "node_fail") \
+        if s.state == "NODE_FAIL" else None
+
+
+def _preempted(s: _Seen) -> Classification | None:
+    return Classification(PREEMPTED, "preempted by Slurm", "preempted") \
+        if s.state == "PREEMPTED" else None
+
+
+# -- root's facts ---------------------------------------------------------------------------
+def _skipped_prolog(s: _Seen) -> Classification | None:
+    if not s.ev.unchecked or s.succeeded or s.state == "CANCELLED":
+        return None
+    return Classification(UNCHECKED, f"{s.ev.unchecked}; the task-prolog ended the attempt "
+                          "before the job's code started", "unchecked")
+
+
+def _staging(s: _Seen) -> Classification | None:
+    return Classification(STAGING, f"the job could not be prepared: {s.ev.staging_error}",
+                          "staging") if s.ev.staging_error else None
+
+
+def _gpu_checked(s: _Seen) -> Classification | None:
+    if not s.ev.gpu_check_failed:
+        return None
+    why = "the supervisor saw a GPU fault, confirmed by root's GPU check" \
+        if GpuFault.KIND in s.ev.supervisor_events else "the post-job GPU check failed"
+    return Classification(HARDWARE, why, "gpu_fault")
+
+
+def _hang(s: _Seen) -> Classification | None:
+    return Classification(HANG, "no progress and no output for the hang timeout; jobwrap "
+                          "ended the job", "hang") \
+        if ended_by_hang(s.ev.supervisor_events) else None
+
+
+def _hang_in_place(s: _Seen) -> Classification | None:
+    # The supervisor ended the hung steps for jobwrap run, whose brakes then stopped (or
+    # which ended with them) and passed on their SIGKILL: still the hang's doing.
+    if HangInPlace.KIND not in s.ev.supervisor_events or s.state in (
+            "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY") or not _sigkill(s.ev):
+        return None
+    return Classification(HANG, "no progress and no output for the hang timeout; jobwrap "
+                          "ended the job's steps and jobwrap run did not restart them",
+                          "hang")
+
+
+def _time_limit(s: _Seen) -> Classification | None:
+    return Classification(WALLTIME, "reached its time limit", "walltime") \
+        if s.state == "TIMEOUT" else None
+
+
+def _slurm_oom(s: _Seen) -> Classification | None:
+    return Classification(HOST_OOM, "Slurm reported OUT_OF_MEMORY", "host_oom") \
+        if s.state == "OUT_OF_MEMORY" else None
+
+
+def _kernel_oom(s: _Seen) -> Classification | None:
+    return Classification(HOST_OOM, f"the kernel's OOM killer ended it ({s.ev.oom_kill})",
+                          "host_oom") if s.ev.oom_kill and s.failed else None
+
+
+def _requeued_before_limit(s: _Seen) -> Classification | None:
+    if s.ev.requeued_before_limit_s is None or s.state == "CANCELLED":
+        return None
+    left = max(0, round(s.ev.requeued_before_limit_s))
+    return Classification(WALLTIME, f"requeued {left} s before its time limit, by the "
+                          "job's side (jobwrap's supervisor once the save it asked for "
+                          "was on disk, or the job's own signal trap)", "walltime")
+
+
+# -- the job's own words and exit -------------------------------------------------------
+def _cancel_line_seen(s: _Seen) -> Classification | None:
+    # While the job completes Slurm's record says COMPLETING and the exit Slurm hands the
+    # epilog is 0 (the batch script had not ended when it was cancelled): the line
+    # slurmstepd wrote into the job's output is all that tells. The job's own words, so
+    # they may only stop it (scancel's effect), never requeue it nor loosen a brake.
+    cancelled = _cancel_line(s.ev) if s.state != "COMPLETED" else ""
+    if not cancelled or GpuFault.KIND in s.ev.supervisor_events:
+        return None
+    return Classification(CANCELLED, f"cancelled while it ran: {cancelled} (slurmstepd's "
+                          "line in the job's output)", "cancelled")
+
+
+def _success(s: _Seen) -> Classification | None:
+    return Classification(SUCCESS, "exit 0", "") if s.succeeded else None
+
+
+def _scancel(s: _Seen) -> Classification | None:
+    return Classification(CANCELLED, "cancelled (scancel)", "cancelled") \
+        if s.state == "CANCELLED" else None
+
+
+def _killed(s: _Seen) -> Classification | None:
+    killed = _sigkill(s.ev)
+    if not killed:
+        return None
+    return Classification(KILLED, _unconfirmed(f"{killed}; no OOM kill recorded for the "
+                                               "job: ended from outside", s.unconfirmed),
+                          "killed")
+
+
+def _output_and_exit(s: _Seen) -> Classification:
+    """The output's signatures (the job's own words: not hardware, nor an OOM kill,
+    unless root saw it), a rank's crash (the cause; its peers' gloo/NCCL errors that
+    follow are not), a traceback, else the exit status. Always an answer."""
+    ev, unconfirmed, last = s.ev, list(s.unconfirmed), ""
     crash = _last_match(_CRASH, ev.output_tail)
     for kind, pattern in SIGNATURES:
         match = _last_match(pattern, ev.output_tail)
-        if match and crash and kind == COLLECTIVE_TIMEOUT:
+        if not match or (crash and kind == COLLECTIVE_TIMEOUT):
             continue
-        if match:
-            line = _line_of(ev.output_tail, match)
-            # The job's own words: not hardware, nor an OOM kill, unless root saw it
-            # (its GPU check; Slurm's OUT_OF_MEMORY or the job's memory cgroup, above).
-            if kind in UNCONFIRMED_IN_OUTPUT:
-                unconfirmed.append(UNCONFIRMED_IN_OUTPUT[kind])
-                last = line
-                continue
-            return Classification(kind, f"output says: {line}", f"{kind}:{_normalise(line)}")
+        line = _line_of(ev.output_tail, match)
+        if kind in UNCONFIRMED_IN_OUTPUT:
+            unconfirmed.append(UNCONFIRMED_IN_OUTPUT[kind])
+            last = line
+            continue
+        return Classification(kind, f"output says: {line}", f"{kind}:{_normalise(line)}")
     if crash:
         line = _line_of(ev.output_tail, crash)
-        detail = f"a rank crashed: {line}"
-        if unconfirmed:
-            detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
-        return Classification(USER_ERROR, detail, f"crash:{_normalise(line)}")
+        return Classification(USER_ERROR, _unconfirmed(f"a rank crashed: {line}", unconfirmed),
+                              f"crash:{_normalise(line)}")
     traceback = last_traceback(ev.output_tail)
     if traceback is not None:
         exc_type, frame, line = traceback
-        detail = f"{line}" + (f" (at {frame})" if frame else "")
-        if unconfirmed:
-            detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
-        return Classification(USER_ERROR, detail, f"traceback:{exc_type}:{frame}")
+        return Classification(USER_ERROR, _unconfirmed(
+            f"{line}" + (f" (at {frame})" if frame else ""), unconfirmed),
+            f"traceback:{exc_type}:{frame}")
     last = last or _last_error_line(ev.output_tail)
     code = ev.exit_code if ev.exit_code is not None else -1
+    signal_note = f" (signal {ev.exit_signal})" if ev.exit_signal else ""
     if 128 < code < 160 and not ev.exit_signal:
         signal_note = f" (a command killed by {_signal_name(code - 128)})"
     detail = f"exit {code}{signal_note}" + (f"; last error: {last}" if last else "")
-    if unconfirmed:
-        detail += f"; not confirmed by root: {', '.join(unconfirmed)}"
-    return Classification(USER_ERROR, detail,
+    return Classification(USER_ERROR, _unconfirmed(detail, unconfirmed),
                           f"exit:{code}:{ev.exit_signal or 0}:{_normalise(last)}")
+
+
+def _unconfirmed(detail: str, unconfirmed: Sequence[str]) -> str:
+    return detail + (f"; not confirmed by root: {', '.join(unconfirmed)}" if unconfirmed
+                     else "")
+
+
+# The rules in order, the first answer wins: Slurm's facts, root's, then the job's words.
+RULES: tuple[tuple[str, Rule], ...] = (
+    ("slurm", _node_fail), ("slurm", _preempted),
+    ("root", _skipped_prolog), ("root", _staging), ("root", _gpu_checked), ("root", _hang),
+    ("root", _hang_in_place), ("slurm", _time_limit), ("slurm", _slurm_oom),
+    ("root", _kernel_oom), ("root", _requeued_before_limit),
+    ("job", _cancel_line_seen), ("job", _success), ("slurm", _scancel), ("job", _killed),
+)
+
+
+def _classify(ev: Evidence) -> Classification:
+    seen = _Seen.of(ev)
+    for _source, rule in RULES:
+        found = rule(seen)
+        if found is not None:
+            return found
+    return _output_and_exit(seen)
 
 
 # A process of the job that crashed on its own (SIGSEGV, SIGBUS, SIGFPE, SIGILL): srun's
