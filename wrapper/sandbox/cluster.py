@@ -4,8 +4,9 @@ It backs the end-to-end tests and ``jobwrap sandbox``. As root on Debian it inst
 Slurm and munge from Debian's packages when they are missing, writes a whole cluster
 configuration into one folder (used through ``SLURM_CONF``), installs this checkout
 into a runtime folder the job user can read, points Slurm's hooks at it, starts munge
-(if no munged answers) and the daemons, and waits until the nodes are idle. It stops
-only the processes it started, by pid, checked against their start time.
+(if no munged answers: then the machine's, left running) and the daemons, and waits
+until the nodes are idle. It stops only the processes it started, by pid, checked
+against their start time.
 """
 
 from __future__ import annotations
@@ -476,8 +477,10 @@ epilog_budget = 100
             time.sleep(0.1)
         if not _munge_works():
             raise SandboxError("munged did not start (see /var/log/munge/munged.log)")
+        # The machine's service from now on, as on a real cluster: left running when this
+        # sandbox stops, since the sandboxes beside it (xdist workers, tiers) may have
+        # found it answering and use it too; stopping it would fail them mid-test.
         self.munge_started = True
-        self.daemons.append(_daemon("munged", int(pid_file.read_text().strip())))
         self._save()
 
     def _start_daemons(self) -> None:
