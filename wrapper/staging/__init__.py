@@ -14,8 +14,10 @@ The API the hooks call (see each function's docstring)::
 One module per concept: spec (directives), scratch (the per-job folder), copy (the
 engine), cache (the node cache), archive (unpacking), privileges (the user's rights),
 manifest (what a dataset is), report (records), stagein and stageout (the two
-directions), channel (the plumbing root relies on). Folders are walked, made and removed
-through ``wrapper.osl.dirs`` (descriptors, never a symlink).
+directions; a stage-in's server is root's side, its worker the user's), messages (what
+the two sides say, typed, and the one decoder that bounds it), channel (the plumbing root
+relies on). Folders are walked, made and removed through ``wrapper.osl.dirs``
+(descriptors, never a symlink).
 """
 
 from __future__ import annotations

@@ -157,7 +157,6 @@ class Cache:
         self.link = link
         self.free_margin_bytes = free_margin_bytes
         self._fds: dict[str, int] = {}
-        self._count_lock = threading.Lock()
 
     @classmethod
     def from_config(cls, cache_root: str | Path, cfg: StagingConfig) -> Cache | None:
@@ -395,107 +394,25 @@ class Cache:
         """
         if not claim.marker:
             raise StagingError("placing a cache entry that is not complete")
-        if manifest.kind == FILE and dest in ("", "."):
-            raise UserInputError("DEST '.' is the scratch folder itself; a file needs a name "
-                                 "(--stage-in=SRC:NAME)")
-        dest = "" if dest == "." else dest
-        owner = (user.uid, user.gid)
+        scratch = _Scratch(Placement(scratch_fd, dest, user), manifest)
         entry_fd = open_dir(claim.key, dir_fd=self._dir("entries"))
         cache_tree = DirTree(entry_fd, create=False)
-        source_root = DATA if manifest.kind == DIR else ""
-        tree = DirTree(scratch_fd)
-        result = TreeResult()
-        copy = [self.link == "copy"]
-        expected = claim.marker.get("checksums") or {}
-
-        def cached(entry: Entry) -> tuple[int, str]:
-            path = dest_path(source_root, entry) if manifest.kind == DIR else DATA
-            parent, _, name = path.rpartition("/")
-            return cache_tree.get(parent), name
-
-        def place_one(entry: Entry) -> None:
-            path = dest_path(dest, entry)
-            parent, _, name = path.rpartition("/")
-            parent_fd = tree.get(parent)
-            cache_parent, cache_name = cached(entry)
-            if not copy[0]:
-                try:
-                    os.link(cache_name, name, src_dir_fd=cache_parent, dst_dir_fd=parent_fd,
-                            follow_symlinks=False)
-                except FileExistsError:
-                    raise UserInputError(f"{path!r} already exists (do two directives stage "
-                                         "to the same place?)") from None
-                except OSError as exc:
-                    if exc.errno != errno.EXDEV:
-                        raise write_error(path, exc) from None
-                    copy[0] = True  # another file system after all: copy from now on
-                else:
-                    source = os.stat(cache_name, dir_fd=cache_parent, follow_symlinks=False)
-                    linked = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-                    if (linked.st_ino, linked.st_size) != (source.st_ino, entry.size):
-                        raise StagingError(f"{path}: the link does not match the cache entry")
-                    digest = self._check_sum(cache_parent, cache_name, entry, expected, verify)
-                    self._count(result, path, entry.size, digest, meter)
-                    return
-            src = os.open(cache_name, _FILE_READ, dir_fd=cache_parent)
-            try:
-                copied = write_file(src, entry, parent_fd, name, label=path,
-                                    mode=keep_mode(entry), verify=verify, owner=owner,
-                                    same_inode=False)
-            finally:
-                os.close(src)
-            want = expected.get(entry.path)
-            if copied.sha256 and want and copied.sha256 != want:
-                raise StagingError(f"{path}: the cache entry no longer matches its checksum")
-            self._count(result, path, copied.bytes, copied.sha256, meter)
-
+        placing = _Placing(scratch, cache_tree, copy=self.link == "copy", verify=verify,
+                           meter=meter, expected=claim.marker.get("checksums") or {})
         try:
-            make_dirs(manifest, tree, dest)
-            if manifest.kind == FILE:
-                tree.get(dest.rpartition("/")[0])
+            scratch.make_dirs()
             for_each_by_folder(manifest.files,
-                               lambda e: dest_path(dest, e).rpartition("/")[0], place_one,
-                               parallel=parallel)
-            make_links(manifest, tree, dest, result, owner=owner)
-            finish_dirs(manifest, tree, dest, result, owner=owner)
-            # DEST's own parents made here: the user's too
-            dataset = {dest_path(dest, e) for e in manifest.entries if e.kind == DIR}
-            for rel in tree.made:
-                if rel not in dataset:
-                    os.fchown(tree.get(rel), *owner)
+                               lambda e: dest_path(scratch.dest, e).rpartition("/")[0],
+                               placing.place_one, parallel=parallel)
+            scratch.finish()
             self._touch(claim.key)
         finally:
-            tree.close()
+            scratch.close()
             cache_tree.close()
             os.close(entry_fd)
-        return result
+        return scratch.place.result
 
     # -- internals ------------------------------------------------------------------------
-
-    def _count(self, result: TreeResult, path: str, size: int, digest: str,
-               meter: Meter | None) -> None:
-        with self._count_lock:
-            result.files += 1
-            result.bytes += size
-            if digest:
-                result.checksums[path] = digest
-        if meter:
-            meter.add(files=1, nbytes=size)
-
-    def _check_sum(self, parent_fd: int, name: str, entry: Entry, expected: dict[str, str],
-                   verify: str) -> str:
-        if verify != "sha256":
-            return ""
-        fd = os.open(name, _FILE_READ, dir_fd=parent_fd)
-        try:
-            digest = sha256_fd(fd)
-        finally:
-            os.close(fd)
-        want = expected.get(entry.path)
-        if want and want != digest:
-            raise StagingError(f"{entry.path!r}: the cache entry no longer matches its "
-                               "checksum (disk corruption?); it will be rebuilt")
-        return digest
 
     def _dir(self, name: str) -> int:
         if not self._fds:
@@ -642,10 +559,10 @@ class Cache:
             remove_tree(trash_fd, name, display=f"{self.root}/trash/{name}")
 
 
-class _Target:
-    """The scratch side of a one-pass fill: root's links into the job's scratch, made
-    as ``Cache.place`` makes them (through descriptors, every name new, folders root's
-    and 0700 until full, then the user's), and taken back if the fill fails."""
+class _Scratch:
+    """Where a cache entry goes in the job's scratch: root's own writes into the user's
+    folder, through descriptors (folders walked and made no-follow, every name new),
+    the folders it makes root's and 0700 until full, then the user's."""
 
     def __init__(self, place: Placement, manifest: Manifest) -> None:
         if manifest.kind == FILE and place.dest in ("", "."):
@@ -655,16 +572,120 @@ class _Target:
         self.manifest = manifest
         self.dest = "" if place.dest == "." else place.dest
         self.owner = (place.user.uid, place.user.gid)
-        # what to remove on failure: the first part of DEST that is not there yet
-        self.created = first_missing(place.scratch_fd, self.dest)
         self.tree = DirTree(place.scratch_fd)
-        self.lock = threading.Lock()
-        self.linked: list[str] = []  # names linked straight into a folder that was there
 
     def make_dirs(self) -> None:
         make_dirs(self.manifest, self.tree, self.dest)
         if self.manifest.kind == FILE:
             self.tree.get(self.dest.rpartition("/")[0])
+
+    def finish(self) -> None:
+        """The symlinks, then the folders' modes and times, and every folder to the user."""
+        make_links(self.manifest, self.tree, self.dest, self.place.result, owner=self.owner)
+        finish_dirs(self.manifest, self.tree, self.dest, self.place.result, owner=self.owner)
+        dataset = {dest_path(self.dest, e) for e in self.manifest.entries if e.kind == DIR}
+        for rel in self.tree.made:  # DEST's own parents made here: the user's too
+            if rel not in dataset:
+                os.fchown(self.tree.get(rel), *self.owner)
+
+    def close(self) -> None:
+        self.tree.close()
+
+
+class _Placing:
+    """The files of one ``Cache.place``: each hard-linked from the complete entry into
+    scratch, or copied (``copy``, or from the first link that finds another file system
+    on), checked against the entry's checksums, and counted."""
+
+    def __init__(self, scratch: _Scratch, cache_tree: DirTree, *, copy: bool, verify: str,
+                 meter: Meter | None, expected: dict[str, str]) -> None:
+        self.scratch = scratch
+        self.cache_tree = cache_tree
+        self.copying = copy
+        self.verify = verify
+        self.meter = meter
+        self.expected = expected  # path in the dataset -> the sha256 the fill recorded
+        self.lock = threading.Lock()
+
+    def place_one(self, entry: Entry) -> None:
+        path = dest_path(self.scratch.dest, entry)
+        parent, _, name = path.rpartition("/")
+        parent_fd = self.scratch.tree.get(parent)
+        cached = dest_path(DATA, entry) if self.scratch.manifest.kind == DIR else DATA
+        cache_parent, _, cache_name = cached.rpartition("/")
+        cache_fd = self.cache_tree.get(cache_parent)
+        if not self.copying and self._link(entry, path, parent_fd, name, cache_fd, cache_name):
+            return
+        self._copy(entry, path, parent_fd, name, cache_fd, cache_name)
+
+    def _link(self, entry: Entry, path: str, parent_fd: int, name: str, cache_fd: int,
+              cache_name: str) -> bool:
+        """Hard-link the cached file; False when scratch is on another file system after
+        all (every file is copied from then on)."""
+        try:
+            os.link(cache_name, name, src_dir_fd=cache_fd, dst_dir_fd=parent_fd,
+                    follow_symlinks=False)
+        except FileExistsError:
+            raise UserInputError(f"{path!r} already exists (do two directives stage "
+                                 "to the same place?)") from None
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise write_error(path, exc) from None
+            self.copying = True
+            return False
+        source = os.stat(cache_name, dir_fd=cache_fd, follow_symlinks=False)
+        linked = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        if (linked.st_ino, linked.st_size) != (source.st_ino, entry.size):
+            raise StagingError(f"{path}: the link does not match the cache entry")
+        self._count(path, entry.size, self._check_sum(cache_fd, cache_name, entry))
+        return True
+
+    def _copy(self, entry: Entry, path: str, parent_fd: int, name: str, cache_fd: int,
+              cache_name: str) -> None:
+        """Copy the cached file: the user's own, checked against the recorded sum."""
+        src = os.open(cache_name, _FILE_READ, dir_fd=cache_fd)
+        try:
+            copied = write_file(src, entry, parent_fd, name, label=path,
+                                mode=keep_mode(entry), verify=self.verify,
+                                owner=self.scratch.owner, same_inode=False)
+        finally:
+            os.close(src)
+        want = self.expected.get(entry.path)
+        if copied.sha256 and want and copied.sha256 != want:
+            raise StagingError(f"{path}: the cache entry no longer matches its checksum")
+        self._count(path, copied.bytes, copied.sha256)
+
+    def _check_sum(self, parent_fd: int, name: str, entry: Entry) -> str:
+        if self.verify != "sha256":
+            return ""
+        fd = os.open(name, _FILE_READ, dir_fd=parent_fd)
+        try:
+            digest = sha256_fd(fd)
+        finally:
+            os.close(fd)
+        want = self.expected.get(entry.path)
+        if want and want != digest:
+            raise StagingError(f"{entry.path!r}: the cache entry no longer matches its "
+                               "checksum (disk corruption?); it will be rebuilt")
+        return digest
+
+    def _count(self, path: str, size: int, digest: str) -> None:
+        with self.lock:
+            self.scratch.place.result.add(path, size, digest)
+        if self.meter:
+            self.meter.add(files=1, nbytes=size)
+
+
+class _Target(_Scratch):
+    """The scratch side of a one-pass fill: root's links into the job's scratch, made
+    as ``Cache.place`` makes them, and taken back if the fill fails."""
+
+    def __init__(self, place: Placement, manifest: Manifest) -> None:
+        super().__init__(place, manifest)
+        # what to remove on failure: the first part of DEST that is not there yet
+        self.created = first_missing(place.scratch_fd, self.dest)
+        self.lock = threading.Lock()
+        self.linked: list[str] = []  # names linked straight into a folder that was there
 
     def link(self, cache_tree: DirTree, cache_dest: str, entry: Entry, copied: Copied) -> None:
         """Link the file just copied into the cache (and checked) into scratch. The name
@@ -677,22 +698,10 @@ class _Target:
                     dst_dir_fd=self.tree.get(parent), follow_symlinks=False)
         except OSError as exc:
             raise write_error(path, exc) from None
-        result = self.place.result
         with self.lock:
             if not self.created:
                 self.linked.append(path)
-            result.files += 1
-            result.bytes += copied.bytes
-            if copied.sha256:
-                result.checksums[path] = copied.sha256
-
-    def finish(self) -> None:
-        make_links(self.manifest, self.tree, self.dest, self.place.result, owner=self.owner)
-        finish_dirs(self.manifest, self.tree, self.dest, self.place.result, owner=self.owner)
-        dataset = {dest_path(self.dest, e) for e in self.manifest.entries if e.kind == DIR}
-        for rel in self.tree.made:  # DEST's own parents made here: the user's too
-            if rel not in dataset:
-                os.fchown(self.tree.get(rel), *self.owner)
+            self.place.result.add(path, copied.bytes, copied.sha256)
 
     def undo(self) -> None:
         """Remove what this fill placed: the folder it started DEST with, or else each
@@ -720,9 +729,6 @@ class _Target:
                 if not in_made(path):  # whatever is inside goes with its folder
                     parent, _, leaf = path.rpartition("/")
                     remove_tree(self.tree.get(parent), leaf)
-
-    def close(self) -> None:
-        self.tree.close()
 
 
 def _cached_mode(entry: Entry) -> int:

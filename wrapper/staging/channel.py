@@ -66,25 +66,25 @@ class Channel:
             try:
                 packet, got, flags, _ = socket.recv_fds(self.sock, _PACKET + 1, MAX_FDS)
             except TimeoutError:
-                _close_all(fds)
+                close_fds(fds)
                 raise self._timeout() from None
             except OSError as exc:
-                _close_all(fds)
+                close_fds(fds)
                 raise StagingError(f"the staging worker went away ({exc.strerror})") from None
             fds.extend(got)
             if flags & socket.MSG_CTRUNC or not packet:
-                _close_all(fds)
+                close_fds(fds)
                 raise EOFError("the other end closed the channel")
             size += len(packet)
             if size > _MAX_MESSAGE:
-                _close_all(fds)
+                close_fds(fds)
                 raise StagingError("the staging worker sent an oversized message")
             parts.append(packet[1:])
             if packet[:1] == _LAST:
                 break
         message = jsontext.loads(b"".join(parts), max_bytes=_MAX_MESSAGE)
         if not isinstance(message, dict) or not isinstance(message.get("t"), str):
-            _close_all(fds)
+            close_fds(fds)
             raise StagingError("the staging worker sent a malformed message")
         return message, fds
 
@@ -104,6 +104,7 @@ class Channel:
         return StagingError("staging ran out of its time budget")
 
 
-def _close_all(fds: list[int]) -> None:
+def close_fds(fds: list[int]) -> None:
+    """Close the descriptors a message brought (the receiver's to close)."""
     for fd in fds:
         os.close(fd)

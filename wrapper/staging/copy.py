@@ -94,6 +94,13 @@ class TreeResult:
     checksums: dict[str, str] = field(default_factory=dict)  # path in the destination -> hex
     problems: list[str] = field(default_factory=list)  # with keep_going only
 
+    def add(self, path: str, nbytes: int, digest: str) -> None:
+        """Count one file placed at ``path`` (callers in threads hold their lock)."""
+        self.files += 1
+        self.bytes += nbytes
+        if digest:
+            self.checksums[path] = digest
+
 
 def copy_data(src: int, dst: int, size: int, *, hasher: hashlib._Hash | None = None,
               on_bytes: Callable[[int], None] | None = None) -> int:
@@ -290,13 +297,7 @@ def copy_files(files: Sequence[Entry], open_source: Callable[[Entry], int], tree
                                 on_bytes=on_bytes if large else None)
         finally:
             os.close(src)
-        with lock:
-            result.files += 1
-            result.bytes += copied.bytes
-            if copied.sha256:
-                result.checksums[path] = copied.sha256
-        if meter:
-            meter.add(files=1, nbytes=0 if large else copied.bytes)
+        _tally(result, lock, meter, path, copied, large)
 
     failures = for_each_by_folder(
         files, lambda e: (f"{prefix}{e.path}" if e.path else dest).rpartition("/")[0],
@@ -304,7 +305,10 @@ def copy_files(files: Sequence[Entry], open_source: Callable[[Entry], int], tree
     result.problems.extend(_problem(dest_path(dest, e), exc) for e, exc in failures)
 
 
-def copy_batches(batches: Iterable[list[tuple[Entry, int]]], tree: DirTree, dest: str,
+OpenFiles = list[tuple[Entry, int]]  # files, each with an open descriptor of its source
+
+
+def copy_batches(batches: Iterable[OpenFiles], tree: DirTree, dest: str,
                  result: TreeResult, *, verify: str, parallel: int,
                  meter: Meter | None = None, file_mode: Callable[[Entry], int] = keep_mode,
                  then: Callable[[Entry, Copied], None] | None = None,
@@ -319,102 +323,151 @@ def copy_batches(batches: Iterable[list[tuple[Entry, int]]], tree: DirTree, dest
     ``backlog`` received descriptors wait. Raises the first failure, after the running
     copies stop; no descriptor is left open.
     """
-    lock = threading.Condition()
-    waiting: dict[str, list[list[tuple[Entry, int]]]] = {}  # folder -> chunks queued
-    state = {"held": 0, "running": 0}
-    failures: list[BaseException] = []
-    prefix = f"{dest}/" if dest else ""
-    on_bytes = (lambda n: meter.add(nbytes=n)) if meter else None
+    _BatchCopy(tree, dest, result, verify=verify, meter=meter, file_mode=file_mode,
+               then=then, backlog=backlog).run(batches, parallel)
 
-    def copy_one(entry: Entry, src: int) -> None:
-        path = f"{prefix}{entry.path}" if entry.path else dest
-        parent, _, name = path.rpartition("/")
-        large = entry.size > CHUNK  # only a large file reports while it is copied
-        copied = write_file(src, entry, tree.get(parent), name, label=path,
-                            mode=file_mode(entry), verify=verify,
-                            on_bytes=on_bytes if large else None)
-        if then is not None:
-            then(entry, copied)
-        with lock:
-            result.files += 1
-            result.bytes += copied.bytes
-            if copied.sha256:
-                result.checksums[path] = copied.sha256
-        if meter:
-            meter.add(files=1, nbytes=0 if large else copied.bytes)
 
-    def run(folder: str | None, chunk: list[tuple[Entry, int]]) -> None:
-        while True:
-            for i, (entry, src) in enumerate(chunk):
-                try:
-                    if not failures:
-                        copy_one(entry, src)
-                except BaseException as exc:  # re-raised by the caller
-                    with lock:
-                        failures.append(exc)
-                finally:
-                    os.close(src)
-                    chunk[i] = (entry, -1)
-                    with lock:
-                        state["held"] -= 1
-                        if state["held"] == backlog // 2:  # wake the receiver once, not per file
-                            lock.notify_all()
-            with lock:
-                queued = waiting.get(folder) if folder is not None else None
-                if queued:
-                    chunk = queued.pop(0)
-                    continue
-                if folder is not None:
-                    del waiting[folder]
-                state["running"] -= 1
-                lock.notify_all()
-                return
+class _BatchCopy:
+    """One ``copy_batches``. Each folder has one runner at a time, which copies its chunks
+    in order (later chunks of the folder wait in ``waiting``); one condition guards the
+    queues, the counts of descriptors ``held`` and runners ``running``, and the failures.
+    """
 
-    def submit(pool: ThreadPoolExecutor, folder: str | None,
-               chunk: list[tuple[Entry, int]]) -> None:
-        with lock:
-            if folder is not None and folder in waiting:
-                waiting[folder].append(chunk)  # its runner takes it next
+    def __init__(self, tree: DirTree, dest: str, result: TreeResult, *, verify: str,
+                 meter: Meter | None, file_mode: Callable[[Entry], int],
+                 then: Callable[[Entry, Copied], None] | None, backlog: int) -> None:
+        self.tree = tree
+        self.dest = dest
+        self.prefix = f"{dest}/" if dest else ""
+        self.result = result
+        self.verify = verify
+        self.meter = meter
+        self.on_bytes = (lambda n: meter.add(nbytes=n)) if meter else None
+        self.file_mode = file_mode
+        self.then = then
+        self.backlog = backlog
+        self.lock = threading.Condition()
+        self.waiting: dict[str, list[OpenFiles]] = {}  # folder -> chunks behind its runner
+        self.held = 0  # descriptors received and not yet closed
+        self.running = 0  # runners submitted and not yet done
+        self.failures: list[BaseException] = []
+
+    def run(self, batches: Iterable[OpenFiles], parallel: int) -> None:
+        workers = max(1, min(parallel, usable_cpus()))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")
+        try:
+            for batch in batches:
+                self.take(pool, batch)
+                if not self.wait_for_room():
+                    break
+        except BaseException as exc:
+            with self.lock:
+                self.failures.append(exc)  # the runners stop (closing what they hold)
+            raise
+        finally:
+            with self.lock:
+                while self.running:
+                    self.lock.wait()
+            pool.shutdown(wait=True)
+        if self.failures:
+            raise self.failures[0]
+
+    def take(self, pool: ThreadPoolExecutor, batch: OpenFiles) -> None:
+        """Hand a received batch to the runners: by folder, each large file apart."""
+        groups: dict[str | None, list[OpenFiles]] = {}
+        for entry, fd in batch:
+            if entry.size >= LARGE:
+                groups.setdefault(None, []).append([(entry, fd)])
+            else:
+                folder = groups.setdefault(self.path(entry).rpartition("/")[0], [[]])
+                folder[0].append((entry, fd))
+        with self.lock:
+            self.held += len(batch)
+        for folder_name, chunks in groups.items():
+            for chunk in chunks:
+                self.submit(pool, folder_name, chunk)
+
+    def wait_for_room(self) -> bool:
+        """Past ``backlog`` held descriptors, wait till half are copied; False once a
+        copy failed (nothing more is taken)."""
+        with self.lock:
+            if self.held > self.backlog:
+                while self.held > self.backlog // 2 and self.running and not self.failures:
+                    self.lock.wait()
+            return not self.failures
+
+    def submit(self, pool: ThreadPoolExecutor, folder: str | None, chunk: OpenFiles) -> None:
+        """Queue ``chunk`` behind its folder's runner, or start one (a large file, None,
+        always gets its own)."""
+        with self.lock:
+            if folder is not None and folder in self.waiting:
+                self.waiting[folder].append(chunk)  # its runner takes it next
                 return
             if folder is not None:
-                waiting[folder] = []
-            state["running"] += 1
-        pool.submit(run, folder, chunk)
+                self.waiting[folder] = []
+            self.running += 1
+        pool.submit(self.runner, folder, chunk)
 
-    workers = max(1, min(parallel, usable_cpus()))
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")
-    try:
-        for batch in batches:
-            groups: dict[str | None, list[list[tuple[Entry, int]]]] = {}
-            for entry, fd in batch:
-                if entry.size >= LARGE:
-                    groups.setdefault(None, []).append([(entry, fd)])
-                else:
-                    path = f"{prefix}{entry.path}" if entry.path else dest
-                    folder = groups.setdefault(path.rpartition("/")[0], [[]])
-                    folder[0].append((entry, fd))
-            with lock:
-                state["held"] += len(batch)
-            for folder_name, chunks in groups.items():
-                for chunk in chunks:
-                    submit(pool, folder_name, chunk)
-            with lock:
-                if state["held"] > backlog:
-                    while state["held"] > backlog // 2 and state["running"] and not failures:
-                        lock.wait()
-                if failures:
-                    break
-    except BaseException as exc:
-        with lock:
-            failures.append(exc)  # the runners stop (closing what they hold)
-        raise
-    finally:
-        with lock:
-            while state["running"]:
-                lock.wait()
-        pool.shutdown(wait=True)
-    if failures:
-        raise failures[0]
+    def runner(self, folder: str | None, chunk: OpenFiles) -> None:
+        """Copy ``chunk``, then the folder's chunks queued meanwhile, in order."""
+        queued: OpenFiles | None = chunk
+        while queued is not None:
+            self.copy_chunk(queued)
+            queued = self.next_chunk(folder)
+
+    def next_chunk(self, folder: str | None) -> OpenFiles | None:
+        """The folder's next queued chunk; None when there is none (the runner ends)."""
+        with self.lock:
+            queued = self.waiting.get(folder) if folder is not None else None
+            if queued:
+                return queued.pop(0)
+            if folder is not None:
+                del self.waiting[folder]
+            self.running -= 1
+            self.lock.notify_all()
+            return None
+
+    def copy_chunk(self, chunk: OpenFiles) -> None:
+        """Copy each file (none once a copy failed), closing every descriptor."""
+        for i, (entry, src) in enumerate(chunk):
+            try:
+                if not self.failures:
+                    self.copy_one(entry, src)
+            except BaseException as exc:  # re-raised by ``run``
+                with self.lock:
+                    self.failures.append(exc)
+            finally:
+                os.close(src)
+                chunk[i] = (entry, -1)
+                with self.lock:
+                    self.held -= 1
+                    if self.held == self.backlog // 2:  # wake the receiver once, not per file
+                        self.lock.notify_all()
+
+    def copy_one(self, entry: Entry, src: int) -> None:
+        path = self.path(entry)
+        parent, _, name = path.rpartition("/")
+        large = entry.size > CHUNK  # only a large file reports while it is copied
+        copied = write_file(src, entry, self.tree.get(parent), name, label=path,
+                            mode=self.file_mode(entry), verify=self.verify,
+                            on_bytes=self.on_bytes if large else None)
+        if self.then is not None:
+            self.then(entry, copied)
+        _tally(self.result, self.lock, self.meter, path, copied, large)
+
+    def path(self, entry: Entry) -> str:
+        """Where ``entry`` lands, relative to the tree's root."""
+        return f"{self.prefix}{entry.path}" if entry.path else self.dest
+
+
+def _tally(result: TreeResult, lock: threading.Lock | threading.Condition,
+           meter: Meter | None, path: str, copied: Copied, large: bool) -> None:
+    """Count a copied file in ``result`` (under ``lock``) and on ``meter`` (a large file
+    has reported its bytes as it went)."""
+    with lock:
+        result.add(path, copied.bytes, copied.sha256)
+    if meter:
+        meter.add(files=1, nbytes=0 if large else copied.bytes)
 
 
 def make_links(manifest: Manifest, tree: DirTree, dest: str, result: TreeResult, *,

@@ -1,17 +1,18 @@
 """Records of staging: how far a stage is (Progress) and what it did (StageItem, StageReport).
 
-They cross the boundary between the user-side worker and the hook, so each can be turned
-into plain JSON and back; ``from_wire`` checks every field, because what the worker
-sends is never trusted more than the user it runs as.
+They cross the boundary between the user-side worker and the hook as plain JSON
+(``as_dict``); root reads them back only through ``wrapper.staging.messages.decode``,
+which checks every field, because what the worker sends is never trusted more than the
+user it runs as.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, field
 from typing import Any
 
 from wrapper.lean import dataclass
-from wrapper.staging.errors import StagingError
 
 
 def format_bytes(count: int | float) -> str:
@@ -44,16 +45,8 @@ class Progress:
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "rate": round(self.rate, 1)}
 
-    @classmethod
-    def from_wire(cls, data: Any) -> Progress:
-        fields = _dict(data, "progress")
-        return cls(directive=_get(fields, "directive", str),
-                   files_done=_get(fields, "files_done", int),
-                   files_total=_get(fields, "files_total", int),
-                   bytes_done=_get(fields, "bytes_done", int),
-                   bytes_total=_get(fields, "bytes_total", int),
-                   seconds=float(_get(fields, "seconds", (int, float))),
-                   done=_get(fields, "done", bool))
+
+ProgressFn = Callable[[Progress], None]
 
 
 @dataclass(frozen=True)
@@ -89,27 +82,6 @@ class StageItem:
         data["problems"] = list(self.problems)
         return data
 
-    @classmethod
-    def from_wire(cls, data: Any) -> StageItem:
-        fields = _dict(data, "item")
-        hit = fields.get("cache_hit")
-        if hit is not None and not isinstance(hit, bool):
-            raise StagingError("the staging worker sent a bad item: cache_hit")
-        problems = _get(fields, "problems", list)
-        checksums = _get(fields, "checksums", dict)
-        if not all(isinstance(p, str) for p in problems) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in checksums.items()):
-            raise StagingError("the staging worker sent a bad item: problems or checksums")
-        return cls(direction=_get(fields, "direction", str),
-                   directive=_get(fields, "directive", str),
-                   source=_get(fields, "source", str), dest=_get(fields, "dest", str),
-                   files=_get(fields, "files", int), bytes=_get(fields, "bytes", int),
-                   seconds=float(_get(fields, "seconds", (int, float))), cache_hit=hit,
-                   cache_wait=float(_get(fields, "cache_wait", (int, float))),
-                   unpacked=_get(fields, "unpacked", bool),
-                   missing=_get(fields, "missing", bool), problems=tuple(problems),
-                   checksums=dict(checksums))  # cache_key: root's alone, never the worker's
-
 
 @dataclass(frozen=True)
 class StageReport:
@@ -141,17 +113,3 @@ class StageReport:
     def as_dict(self) -> dict[str, Any]:
         return {"files": self.files, "bytes": self.bytes, "seconds": round(self.seconds, 3),
                 "ok": self.ok, "items": [i.as_dict() for i in self.items]}
-
-
-def _dict(data: Any, what: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise StagingError(f"the staging worker sent a bad {what}")
-    return data
-
-
-def _get(data: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-    value = data.get(key)
-    # bool is an int to isinstance; a count must not be True
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise StagingError(f"the staging worker sent a bad value for {key!r}")
-    return value

@@ -17,15 +17,17 @@ from pathlib import Path
 
 from wrapper.errors import JobwrapError, UserInputError
 from wrapper.osl.dirs import DirTree, open_dir, raise_fd_limit
-from wrapper.staging.channel import Channel
+from wrapper.staging import messages as msg
+from wrapper.staging.channel import Channel, close_fds
 from wrapper.staging.copy import Meter, check_space, copy_tree, space_needed
-from wrapper.staging.errors import StagingError
+from wrapper.staging.errors import StagingError, prefixed
 from wrapper.staging.privileges import UserIds, Worker
-from wrapper.staging.report import Progress, StageItem, StageReport
+from wrapper.staging.report import ProgressFn, StageItem, StageReport
 from wrapper.staging.settings import StageSettings
 from wrapper.staging.spec import StageOut
-from wrapper.staging.stagein import ProgressFn, open_scratch, prefixed, resolve, serialized
+from wrapper.staging.stagein import open_scratch, serialized
 from wrapper.staging.tree import SourceTree
+from wrapper.staging.worker import reporter, resolve
 
 
 def stage_out(specs: Sequence[StageOut], *, scratch: Path, user: UserIds,
@@ -50,19 +52,18 @@ def stage_out(specs: Sequence[StageOut], *, scratch: Path, user: UserIds,
                        work_dir=work_dir)
         with Worker(user, body, keep_fds=[scratch_fd], timeout=timeout) as worker:
             while True:
-                message, fds = worker.recv()
-                for fd in fds:
-                    os.close(fd)
-                if message["t"] == "progress":
+                message, fds = msg.receive(worker)
+                close_fds(fds)
+                if isinstance(message, msg.ProgressNote):
                     if report is not None:
-                        report(Progress.from_wire(message.get("p")))
-                elif message["t"] == "item":
-                    items.append(StageItem.from_wire(message.get("item")))
-                elif message["t"] == "end":
+                        report(message.progress)
+                elif isinstance(message, msg.ItemDone):
+                    items.append(message.item)
+                elif isinstance(message, msg.End):
                     break
                 else:
                     raise StagingError(f"the staging worker sent an unexpected "
-                                       f"{message['t']!r}")
+                                       f"{message.KIND!r}")
             worker.wait()
     except JobwrapError as exc:
         # out of time, or the worker died: say so for every directive not yet done
@@ -90,10 +91,7 @@ def _worker(channel: Channel, *, specs: list[StageOut], scratch_fd: int,
             settings: StageSettings, work_dir: str | None) -> None:
     raise_fd_limit()
     os.umask(0o022)  # folders made on shared storage get the usual modes
-
-    def report(update: Progress) -> None:
-        channel.send({"t": "progress", "p": update.as_dict()})
-
+    report = reporter(channel)
     for spec in specs:
         started = time.monotonic()
         try:
@@ -104,8 +102,8 @@ def _worker(channel: Channel, *, specs: list[StageOut], scratch_fd: int,
             item = StageItem(direction="out", directive=spec.directive, source=spec.source,
                              dest=resolve_or_keep(spec.dest, work_dir), problems=(text,),
                              seconds=round(time.monotonic() - started, 6))
-        channel.send({"t": "item", "item": item.as_dict()})
-    channel.send({"t": "end"})
+        msg.send(channel, msg.ItemDone(item))
+    msg.send(channel, msg.End())
 
 
 def _stage_one(spec: StageOut, scratch_fd: int, settings: StageSettings,

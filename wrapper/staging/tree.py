@@ -23,7 +23,6 @@ from wrapper.staging.errors import StagingError
 from wrapper.staging.spec import MAX_NAME_BYTES
 
 FILE, DIR, LINK = "file", "dir", "symlink"
-_KINDS = (FILE, DIR, LINK)
 _HASH_BUFFER = 4 << 20
 
 
@@ -74,41 +73,16 @@ class Manifest:
         return {"source": self.source, "kind": self.kind,
                 "entries": [e.to_wire() for e in self.entries]}
 
-    @classmethod
-    def from_wire(cls, data: Any) -> Manifest:
-        """Rebuild a manifest the worker sent, checking every field (root trusts none)."""
-        if not isinstance(data, dict) or not isinstance(data.get("source"), str) \
-                or data.get("kind") not in (FILE, DIR) or not isinstance(data.get("entries"),
-                                                                          list):
-            raise StagingError("the staging worker sent a malformed manifest")
-        entries = tuple(_entry_from_wire(raw) for raw in data["entries"])
-        manifest = cls(source=data["source"], kind=data["kind"], entries=entries)
-        if not entries or entries[0].path != "" or entries[0].kind != manifest.kind \
-                or any(e.path == "" for e in entries[1:]) \
-                or len({e.path for e in entries}) != len(entries):
-            raise StagingError("the staging worker sent an inconsistent manifest")
-        return manifest
-
-
-def _entry_from_wire(raw: Any) -> Entry:
-    ok = isinstance(raw, list) and len(raw) == 8 and all(
-        isinstance(v, str) for v in (raw[0], raw[1], raw[6], raw[7])) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in raw[2:6])
-    if not ok or raw[1] not in _KINDS:
-        raise StagingError("the staging worker sent a malformed manifest entry")
-    path = raw[0]
-    if path and not is_inner_path(path):
-        raise StagingError(f"the staging worker sent an unsafe path {path!r}")
-    return Entry(path=path, kind=raw[1], size=raw[2], mode=raw[3] & 0o7777, mtime_ns=raw[4],
-                 ctime_ns=raw[5], target=raw[6], sha256=raw[7])
-
 
 def is_inner_path(path: str) -> bool:
     """True for a normalized relative path that cannot leave its tree ("a/b", not "../b")."""
     if not path or path.startswith("/") or "\0" in path:
         return False
-    return all(part not in ("", ".", "..") and len(os.fsencode(part)) <= MAX_NAME_BYTES
-               for part in path.split("/"))
+    try:
+        return all(part not in ("", ".", "..") and len(os.fsencode(part)) <= MAX_NAME_BYTES
+                   for part in path.split("/"))
+    except UnicodeEncodeError:  # a lone surrogate no file name decodes to: not a name
+        return False
 
 
 class SourceTree:

@@ -327,14 +327,14 @@ def test_sync_filesystem_syncs_one_file_system_and_reports_errors(tmp_path: Path
 
 
 def test_descriptor_batches_hold_one_folder_each() -> None:
-    from wrapper.staging.stagein import _BATCH, _folder_batches
+    from wrapper.staging.worker import BATCH, folder_batches
 
-    files = [Entry(f"a/{i}", "file") for i in range(_BATCH + 5)] + [
+    files = [Entry(f"a/{i}", "file") for i in range(BATCH + 5)] + [
         Entry("b/x", "file"), Entry("top", "file"), Entry("c/d/y", "file")]
-    batches = [[e.path for e in b] for b in _folder_batches(files)]
-    assert [len(b) for b in batches] == [_BATCH, 5, 1, 1, 1]
+    batches = [[e.path for e in b] for b in folder_batches(files)]
+    assert [len(b) for b in batches] == [BATCH, 5, 1, 1, 1]
     assert batches[2:] == [["b/x"], ["top"], ["c/d/y"]]
-    assert list(_folder_batches([])) == []
+    assert list(folder_batches([])) == []
 
 
 def _open_fds() -> set[str]:
