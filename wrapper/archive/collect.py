@@ -30,7 +30,6 @@ import gzip
 import hashlib
 import json
 import os
-import signal
 import stat
 import threading
 import time
@@ -161,7 +160,7 @@ def copy_user_file(dest: int, access: Access, spec: OutputSpec, user: UserIds | 
     drained.start()
     try:
         outcome: dict[str, Any] = call_as(user, _send_file, list(spec.candidates), write_fd,
-                                          read_fd, limits.max_file_bytes, seconds, os.getpid(),
+                                          limits.max_file_bytes, alarm=seconds,
                                           timeout=seconds + 5, keep_fds=[write_fd])
     except JobwrapError as exc:
         out_of_time = limits.left() <= 0.05
@@ -182,14 +181,9 @@ def copy_user_file(dest: int, access: Access, spec: OutputSpec, user: UserIds | 
     return entry
 
 
-def _send_file(candidates: list[str], out_fd: int, read_fd: int, max_bytes: int,
-               seconds: float, caller_pid: int) -> dict[str, Any]:
-    """(Runs as the job user.) Send the first existing candidate's tail into ``out_fd``."""
-    if os.getpid() != caller_pid:  # in call_as's child, not run in-process
-        with contextlib.suppress(OSError):  # the child closed what it did not keep
-            os.close(read_fd)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the timer must end the child
-        signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+def _send_file(candidates: list[str], out_fd: int, max_bytes: int) -> dict[str, Any]:
+    """(Runs as the job user.) Send the first existing candidate's tail into ``out_fd``;
+    its child keeps no other end of the pipe, and ``call_as``'s alarm ends it in time."""
     for path in candidates:
         try:
             # O_NONBLOCK: opening a FIFO must not wait for a writer that never comes

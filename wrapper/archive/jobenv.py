@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -158,7 +157,7 @@ def read_packages(user: UserIds, found: Mapping[str, Any], timeout: float) -> di
         return out
     out["kind"], out["prefix"] = where
     try:
-        read: dict[str, Any] = call_as(user, _scan, where[1], max(timeout, 0.1), os.getpid(),
+        read: dict[str, Any] = call_as(user, _scan, where[1], alarm=max(timeout, 0.1),
                                        timeout=max(timeout, 0.1) + 1.0)
     except JobwrapError as exc:
         out["error"] = f"reading the packages as {user.name} failed: {exc}"
@@ -167,12 +166,9 @@ def read_packages(user: UserIds, found: Mapping[str, Any], timeout: float) -> di
     return out
 
 
-def _scan(prefix: str, timeout: float, caller_pid: int) -> dict[str, Any]:
+def _scan(prefix: str) -> dict[str, Any]:
     """(Runs as the job user.) List the prefix's packages; a hung file system ends the
-    helper at ``timeout`` (an alarm nobody catches)."""
-    if os.getpid() != caller_pid:  # call_as's child
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+    helper at ``read_packages``'s ``timeout`` (``call_as``'s alarm)."""
     budget = [MAX_ENTRIES]
     sites, version = _site_dirs(prefix, budget)
     pip: dict[str, str] = {}

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -254,8 +253,7 @@ def read_code(user: UserIds, work_dir: str, timeout: float) -> dict[str, Any]:
         facts["error"] = "the job's work dir is not known"
         return facts
     try:
-        found: dict[str, Any] = call_as(user, _git_facts, work_dir, max(timeout, 0.1),
-                                        os.getpid())
+        found: dict[str, Any] = call_as(user, _git_facts, work_dir, alarm=max(timeout, 0.1))
     except JobwrapError as exc:
         facts["error"] = f"reading git as {user.name} failed: {exc}"
         return facts
@@ -263,12 +261,9 @@ def read_code(user: UserIds, work_dir: str, timeout: float) -> dict[str, Any]:
     return facts
 
 
-def _git_facts(work_dir: str, timeout: float, caller_pid: int) -> dict[str, Any]:
+def _git_facts(work_dir: str) -> dict[str, Any]:
     """(Runs as the job user.) The facts, or ``{"error"}``; a hung file system ends the
-    helper at ``timeout`` (an alarm nobody catches)."""
-    if os.getpid() != caller_pid:  # call_as's child
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+    helper at ``read_code``'s ``timeout`` (``call_as``'s alarm)."""
     try:
         return gitfacts.read_facts(work_dir)
     except gitfacts.GitReadError as exc:

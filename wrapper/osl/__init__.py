@@ -11,7 +11,8 @@ calls. Its modules, no third-party code:
            drops to the user, marks itself non-dumpable and runs a body; the parent holds
            a hard deadline after which it SIGKILLs the child by pid and reaps it.
            ``call_as`` runs one function that way and brings back its JSON result,
-           bounded in size; a child past its deadline is an ``AsUserTimeout``.
+           bounded in size; a child past its deadline is an ``AsUserTimeout``; with
+           ``alarm`` the child also ends itself on a timer nobody catches.
 ``files``  safe file primitives for paths under a folder a user can write: opens that
            never follow a final symlink and never block (``O_NOFOLLOW | O_NONBLOCK``, then
            fstat: anything but a regular file, a FIFO or a device, is refused), bounded

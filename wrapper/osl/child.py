@@ -11,8 +11,11 @@
 
 The parent owns the deadline: ``Child.kill`` SIGKILLs the child by its pid and reaps it,
 and ``call_as`` does so the moment the deadline passes or the result grows past its
-bound, then raises a clear error. Without root (tests, ``jobwrap run`` by a user) the
-same code runs in the caller's own rights; acting as someone else then needs root.
+bound, then raises a clear error. ``call_as(..., alarm=seconds)`` also arms an alarm
+nobody catches in the child, so a body stuck in the kernel (a read on a hung file system)
+ends itself at ``alarm`` seconds, however long the parent's deadline. Without root (tests,
+``jobwrap run`` by a user) the same code runs in the caller's own rights; acting as
+someone else then needs root.
 """
 
 from __future__ import annotations
@@ -115,18 +118,23 @@ def close_inherited(keep: set[int]) -> None:
 
 def call_as(user: UserIds, fn: Callable[..., Any], *args: Any,
             timeout: float = DEFAULT_TIMEOUT, max_result: int = DEFAULT_MAX_RESULT,
-            keep_fds: Sequence[int] = ()) -> Any:
+            keep_fds: Sequence[int] = (), alarm: float | None = None) -> Any:
     """``fn(*args)`` with ``user``'s rights; its result must be JSON-serialisable.
 
-    Runs in-process when this process already is ``user`` (or is not root). Otherwise
-    a child past ``timeout`` seconds, or whose result passes ``max_result`` bytes, is
-    killed and reaped, and AsUserTimeout / AsUserError is raised.
+    Runs in-process when this process already is ``user`` (or is not root), and then
+    ``alarm`` is not armed: the caller's own process must not be ended. Otherwise a
+    child past ``timeout`` seconds, or whose result passes ``max_result`` bytes, is
+    killed and reaped, and AsUserTimeout / AsUserError is raised; with ``alarm`` the
+    child also ends itself (SIGALRM, left at its default) that many seconds after it
+    starts ``fn``, which the parent reports as a helper that died.
     """
     if os.geteuid() != 0 or os.geteuid() == user.uid:
         return fn(*args)
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
 
     def body() -> None:
+        if alarm is not None:  # fork_as put SIGALRM back to its default: it ends the child
+            signal.setitimer(signal.ITIMER_REAL, max(alarm, 0.001))  # 0 would disarm it
         try:
             payload: dict[str, Any] = {"ok": fn(*args)}
         except OSError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -20,6 +21,38 @@ def test_a_child_past_its_deadline_is_killed_and_reaped(user: UserIds) -> None:
     assert time.monotonic() - started < 30
     with pytest.raises(ChildProcessError):  # nothing left to reap: no zombie
         os.waitpid(-1, os.WNOHANG)
+
+
+def test_the_alarm_ends_the_child_before_its_deadline(user: UserIds) -> None:
+    started = time.monotonic()
+    with pytest.raises(AsUserError, match=f"died \\(killed by signal {int(signal.SIGALRM)}\\)"):
+        call_as(user, time.sleep, 60, alarm=0.3, timeout=50)
+    assert time.monotonic() - started < 30  # the alarm, not the parent's deadline
+    with pytest.raises(ChildProcessError):  # reaped: no zombie
+        os.waitpid(-1, os.WNOHANG)
+    assert call_as(user, lambda: "in time", alarm=30) == "in time"
+
+
+def test_the_alarmed_child_has_the_users_rights_only(user: UserIds, shared: Path) -> None:
+    secret = shared / "root-only"
+    secret.write_text("root's\n")
+    os.chmod(secret, 0o600)
+    assert call_as(user, os.getuid, alarm=30) == user.uid
+    with pytest.raises(AsUserError, match="Permission denied"):
+        call_as(user, secret.read_text, alarm=30)
+    mine = shared / "users"
+    mine.write_text("the user's\n")
+    os.chown(mine, user.uid, user.gid)
+    os.chmod(mine, 0o600)
+    assert call_as(user, mine.read_text, alarm=30) == "the user's\n"
+
+
+def test_in_process_no_alarm_is_armed() -> None:
+    """Already the user (root here), ``fn`` runs in this process: an alarm would end it."""
+    me = UserIds.of(os.geteuid(), os.getegid())
+    before = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's, if it runs
+    during = call_as(me, signal.getitimer, signal.ITIMER_REAL, alarm=0.01)
+    assert during[0] == before[0] == 0.0 or before[0] - 5 < during[0] <= before[0]
 
 
 def test_a_result_past_its_bound_is_refused(user: UserIds) -> None:
