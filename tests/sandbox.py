@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from wrapper.sandbox.cluster import Cluster, Spec, _alive
+from wrapper.sandbox.cluster import Cluster, Spec
+from wrapper.sandbox.daemons import alive
 
 # Each pytest process (one tier, or one xdist worker of it) takes ports from a block of
 # its own: JOBWRAP_TEST_PORT_BASE (tools/test gives each tier its own, below the kernel's
@@ -70,7 +71,7 @@ def cluster() -> Iterator[Cluster]:
     yield cluster
     daemons = list(cluster.daemons)
     cluster.down()
-    left = [d.name for d in daemons if _alive(d)]
+    left = [d.name for d in daemons if alive(d)]
     assert not left, f"the harness left daemons running: {left}"
     strays = [p.pid for p in cluster.runtime_processes() + cluster.stepds()]
     assert not strays, f"jobwrap or Slurm processes of the test cluster outlived it: {strays}"

@@ -423,7 +423,7 @@ def _check_gpu(cfg: Config, node: str) -> Finding:
            "set [gpu] backend = \"fake\" with a fake_inventory"
            if backend == "nvml" else "fix [gpu] fake_inventory (its format: wrapper/gpu/fake.py)")
     try:
-        from wrapper.gpu import probe as probe_module
+        from wrapper.gpu import backend as probe_module
     except ImportError as exc:
         return Finding("gpu.probe", "fail", f"jobwrap's GPU module cannot be imported: {exc}",
                        "reinstall jobwrap")

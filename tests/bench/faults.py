@@ -29,7 +29,7 @@ from wrapper import config
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox.cluster import Cluster
-from wrapper.watch.process import pid_file
+from wrapper.watch.files import pid_file
 
 SLEEPER = """#!/bin/bash
 #SBATCH --nodes=1 --gres=gpu:1 --output={name}-%j.out

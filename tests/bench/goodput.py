@@ -57,7 +57,8 @@ from tests.bench.job_start import Hooks
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox import flavor
-from wrapper.sandbox.cluster import Cluster, Daemon, _daemon
+from wrapper.sandbox.cluster import Cluster
+from wrapper.sandbox.daemons import Daemon, daemon_of
 
 PYTHON = "/opt/jobwrap/frameworks/bin/python"
 GAP = 30  # steps a launch makes before the next fault
@@ -377,7 +378,7 @@ def restart_slurmd(cluster: Cluster, node: str) -> Daemon:
     with open(cluster.base / "log" / f"slurmd-{node}.stdout", "ab") as out:
         proc = subprocess.Popen(argv, env=cluster.env(), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd="/")
-    return _daemon(f"slurmd-{node}", proc.pid)
+    return daemon_of(f"slurmd-{node}", proc.pid)
 
 
 def settle(cluster: Cluster, timeout: float = 180) -> None:

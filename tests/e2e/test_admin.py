@@ -11,7 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster, SandboxError
+from wrapper.sandbox.cluster import Cluster
+from wrapper.sandbox.daemons import SandboxError
 
 
 def jobwrap(cluster: Cluster, *args: str, config: Path | None = None

@@ -16,7 +16,8 @@ import pytest
 import wrapper.sandbox
 from tests.sandbox import free_ports, make_spec
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster, _alive
+from wrapper.sandbox.cluster import Cluster
+from wrapper.sandbox.daemons import alive
 
 PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
 STEPS = 8
@@ -32,7 +33,7 @@ def accounted() -> Iterator[Cluster]:
     yield cluster
     daemons = list(cluster.daemons)
     cluster.down()
-    left = [d.name for d in daemons if _alive(d)]
+    left = [d.name for d in daemons if alive(d)]
     assert not left, f"the harness left daemons running: {left}"
     shutil.rmtree(spec.base, ignore_errors=True)  # MariaDB's files: 200 MB a run
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import psutil
 
 from tests.sandbox import make_spec
-from wrapper.sandbox.cluster import Cluster, _alive
+from wrapper.sandbox.cluster import Cluster
+from wrapper.sandbox.daemons import alive
 
 
 def _processes_using(conf: Path) -> list[int]:
@@ -26,15 +27,15 @@ def test_up_then_down_leaves_no_daemon(cluster: Cluster) -> None:
         names = sorted(d.name for d in other.daemons)
         assert other.spec.nodes == ["n1", "n2", "n3"]
         assert names == ["slurmctld", "slurmd-n1", "slurmd-n2", "slurmd-n3"]  # munge: shared
-        assert all(_alive(d) for d in other.daemons)
+        assert all(alive(d) for d in other.daemons)
         assert set(other.node_states().values()) == {"idle"}
         assert len(_processes_using(other.conf)) == 4
     finally:
         daemons = list(other.daemons)
         stopped = other.down()
     assert sorted(stopped) == names
-    assert not any(_alive(d) for d in daemons)
+    assert not any(alive(d) for d in daemons)
     assert _processes_using(other.conf) == []
     assert other.runtime_processes() == []
     # the session's cluster was not touched
-    assert all(_alive(d) for d in cluster.daemons)
+    assert all(alive(d) for d in cluster.daemons)

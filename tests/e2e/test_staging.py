@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster, SandboxError
+from wrapper.sandbox.cluster import Cluster
+from wrapper.sandbox.daemons import SandboxError
 
 
 def chown_tree(path: Path, user: str) -> None:

@@ -16,7 +16,7 @@ from tests.support import poll
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.sandbox.cluster import Cluster
-from wrapper.watch.process import pid_file
+from wrapper.watch.files import pid_file
 
 STEPS = 40
 EXPECTED = STEPS * (STEPS + 1) // 2

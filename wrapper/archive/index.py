@@ -8,8 +8,9 @@ Who writes what, and when:
 
 - the epilog (``store.Writer.commit``, root) drops the job's record, a small JSON file,
   in ``<archive_root>/.index/spool/`` (write, fsync, rename), after the manifest is in
-  place. No SQLite there: a spool write that fails (a full disk) is logged and the
-  epilog goes on; the manifest is already whole, and ``reindex`` finds the job again.
+  place (``wrapper.archive.spool``: the record, the spool's names and format). No
+  SQLite there: a spool write that fails (a full disk) is logged and the epilog goes on;
+  the manifest is already whole, and ``reindex`` finds the job again.
 - one indexer at a time, under ``.index/indexer.lock``, folds the spool into the
   database and removes the folded files: whoever reads the index as root does that first
   (``reading``), and so do ``jobwrap archive index`` (a timer's job) and ``reindex``.
@@ -49,7 +50,6 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from wrapper.archive._fs import (
-    Access,
     ArchiveError,
     entries,
     locked,
@@ -60,8 +60,10 @@ from wrapper.archive._fs import (
     tree_size,
     write_json_atomic,
 )
+from wrapper.archive.info import ArchiveInfo
 from wrapper.archive.manifest import MANIFEST
-from wrapper.archive.store import ArchiveInfo, info_of, scan
+from wrapper.archive.spool import FOLDER, PASSABLE, PRIVATE, SCHEMA, SPOOL, record_of
+from wrapper.archive.store import scan
 from wrapper.errors import FormatTooNew
 from wrapper.lean import dataclass
 
@@ -70,16 +72,11 @@ if TYPE_CHECKING:
 
     from wrapper.config import Config
 
-SCHEMA = 2  # 2: ledgers kept brief (ledger.ledger_brief)
-FOLDER = ".index"
-SPOOL = "spool"
 DATABASE = "archive.sqlite"
 LOCK = "indexer.lock"
 SUMMARY = "summary.json"
 MTBF_WINDOW_S = 30 * 86400.0
 LOCK_WAIT_S = 10.0  # how long a reader waits for another indexer before it reads as is
-_PRIVATE = Access(gid=0, dir_mode=0o700, file_mode=0o600)
-_PASSABLE = Access(gid=0, dir_mode=0o711, file_mode=0o644)  # .index: summary.json readable
 
 _SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS jobs (
@@ -109,7 +106,7 @@ _LIST = {False: "SELECT user, job_id, updated_at, size, complete, name, attempts
 _LEDGERS = {False: "SELECT job_id, user, ledger FROM jobs WHERE updated_at >= ?",
             True: "SELECT job_id, user, ledger FROM jobs WHERE updated_at >= ? AND user = ?"}
 
-__all__ = ["Index", "IndexFault", "IndexLocked", "SqliteIndex", "reading", "record_of", "spool"]
+__all__ = ["Index", "IndexFault", "IndexLocked", "SqliteIndex", "reading"]
 
 
 class IndexFault(ArchiveError):
@@ -147,33 +144,6 @@ class Index(Protocol):
     def forget(self, removed: Iterable[ArchiveInfo]) -> None: ...
 
 
-# -- the record ----------------------------------------------------------------------------
-def record_of(root: str, user: str, job_id: str, manifest: dict[str, Any] | None, size: int,
-              mtime: float) -> dict[str, Any]:
-    """A job's index record (also the spool file's content) from its manifest, or from
-    its folder alone when the manifest does not parse (``parsed`` false: no ledger)."""
-    from wrapper.archive.ledger import NOT_A_FAILURE, account, from_summaries, ledger_brief
-
-    info = info_of(root, user, job_id, manifest or {}, size, mtime)
-    attempts = (manifest or {}).get("attempts")
-    ledger: dict[str, Any] | None = None
-    run_s, failures = 0.0, 0
-    if isinstance(attempts, list):
-        built = account(from_summaries(a for a in attempts if isinstance(a, dict)),
-                        now=info.updated_at)
-        ledger = ledger_brief(built)
-        run_s = sum(a.ended_at - a.started_at for a in built.attempts)
-        failures = sum(1 for a in built.attempts  # root's verdicts, as report counts
-                       if a.kind not in NOT_A_FAILURE and not a.in_place)
-    job = (manifest or {}).get("job")
-    uid = job.get("uid") if isinstance(job, dict) else None
-    return {"v": SCHEMA, "user": user, "job_id": job_id, "updated_at": info.updated_at,
-            "size": size, "complete": info.complete, "name": info.name,
-            "uid": uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
-            "attempts": info.attempts, "run_s": run_s, "failures": failures,
-            "ledger": ledger, "parsed": manifest is not None}
-
-
 def _row(record: dict[str, Any]) -> tuple[Any, ...]:
     ledger = record.get("ledger")
     return (str(record["user"]), str(record["job_id"]), float(record["updated_at"]),
@@ -181,31 +151,6 @@ def _row(record: dict[str, Any]) -> tuple[Any, ...]:
             record.get("uid"), json.dumps(record["attempts"]), float(record["run_s"]),
             int(record["failures"]), None if ledger is None else json.dumps(ledger),
             int(bool(record["parsed"])))
-
-
-def spool(root: str, root_fd: int, user: str, job_id: str, manifest: dict[str, Any]) -> None:
-    """The epilog's part: the job's record into the spool (root, after its manifest is in
-    place). Raises OSError or ArchiveError; the caller logs it and goes on."""
-    user_fd = open_dir(root_fd, user)
-    try:
-        job_fd = open_dir(user_fd, job_id)
-        try:
-            size, mtime = tree_size(job_fd), os.fstat(job_fd).st_mtime
-        finally:
-            os.close(job_fd)
-    finally:
-        os.close(user_fd)
-    record = record_of(root, user, job_id, manifest, size, mtime)
-    index_fd = make_dir(root_fd, FOLDER, _PASSABLE)
-    try:
-        spool_fd = make_dir(index_fd, SPOOL, _PRIVATE)
-        try:
-            name = f"{time.time_ns()}.{user}.{job_id}.{secrets.token_hex(4)}.json"
-            write_json_atomic(spool_fd, name, record, _PRIVATE)
-        finally:
-            os.close(spool_fd)
-    finally:
-        os.close(index_fd)
 
 
 # -- the SQLite backend --------------------------------------------------------------------
@@ -314,11 +259,11 @@ class SqliteIndex:
         """The lock, and the index folder's and spool's descriptors."""
         root_fd = open_root(self.root, create=False)
         try:
-            index_fd = make_dir(root_fd, FOLDER, _PASSABLE)
+            index_fd = make_dir(root_fd, FOLDER, PASSABLE)
         finally:
             os.close(root_fd)
         try:
-            spool_fd = make_dir(index_fd, SPOOL, _PRIVATE)
+            spool_fd = make_dir(index_fd, SPOOL, PRIVATE)
             try:
                 with contextlib.ExitStack() as stack:
                     try:
@@ -393,7 +338,7 @@ class SqliteIndex:
         now = time.time()
         write_json_atomic(index_fd, SUMMARY, {"written_at": now, "window_s": MTBF_WINDOW_S,
                                               "mtbf_s": self.mtbf(now - MTBF_WINDOW_S)},
-                          _PASSABLE)
+                          PASSABLE)
 
 
 def _fold(con: sqlite3.Connection, spool_fd: int, root: str) -> int:

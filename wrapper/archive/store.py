@@ -39,7 +39,6 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, field
 from typing import Any
 
 from wrapper.archive._fs import (
@@ -58,7 +57,9 @@ from wrapper.archive._fs import (
     tree_size,
     write_json_atomic,
 )
+from wrapper.archive.info import ArchiveInfo, info_of
 from wrapper.archive.manifest import MANIFEST, SCHEMA_VERSION
+from wrapper.archive.spool import spool
 from wrapper.errors import format_of
 from wrapper.lean import dataclass
 from wrapper.osl import dirs
@@ -73,11 +74,9 @@ _ATTEMPT = re.compile(r"^attempt-([0-9]{1,6})$")
 
 __all__ = [
     "ArchiveError",
-    "ArchiveInfo",
     "Removal",
     "Writer",
     "extract",
-    "info_of",
     "list_archives",
     "load_manifest",
     "prune",
@@ -196,10 +195,8 @@ class Writer:
     def _spool(self, manifest: dict[str, Any]) -> None:
         """The job's record into the index's spool; a failure is logged, never raised:
         the manifest is in place and ``jobwrap archive reindex`` finds the job again."""
-        from wrapper.archive import index
-
         try:
-            index.spool(self.root, self.root_fd, self.user, self.job_id, manifest)
+            spool(self.root, self.root_fd, self.user, self.job_id, manifest)
         except (OSError, ArchiveError, ValueError, TypeError) as exc:
             from wrapper import log
 
@@ -310,21 +307,6 @@ def _alive(pid: int) -> bool:
 
 
 # -- reading ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ArchiveInfo:
-    user: str
-    job_id: str
-    path: str
-    updated_at: float
-    size: int                      # bytes on disk
-    complete: bool                 # the manifest says every part is there
-    name: str = ""                 # the job's name, when the manifest knows it
-    attempts: list[int] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def list_archives(root: str, user: str | None = None,
                   since: float | None = None) -> list[ArchiveInfo]:
     """The archives under ``root`` (one user's, or every one the caller may read), oldest first.
@@ -509,30 +491,6 @@ def _read(root: str, user_fd: int, user: str, job_id: str,
     finally:
         os.close(job_fd)
     return info_of(root, user, job_id, manifest or {}, size, mtime), manifest
-
-
-def info_of(root: str, user: str, job_id: str, manifest: dict[str, Any], size: int,
-            mtime: float) -> ArchiveInfo:
-    """What ``list`` shows of a job, from its manifest ({} when it does not parse)."""
-    updated = manifest.get("updated_at")
-    if not isinstance(updated, int | float) or isinstance(updated, bool):
-        updated = mtime
-    job, archive, attempts = (manifest.get(key) for key in ("job", "archive", "attempts"))
-    job = job if isinstance(job, dict) else {}
-    archive = archive if isinstance(archive, dict) else {}
-    attempts = attempts if isinstance(attempts, list) else []
-    return ArchiveInfo(user=user, job_id=job_id, path=os.path.join(root, user, job_id),
-                       updated_at=float(updated), size=size,
-                       complete=bool(archive.get("complete")), name=str(job.get("name") or ""),
-                       attempts=[_number(a.get("attempt")) for a in attempts
-                                 if isinstance(a, dict)])
-
-
-def _number(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        return 0
 
 
 # -- retention ----------------------------------------------------------------------------

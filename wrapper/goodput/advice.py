@@ -97,6 +97,7 @@ def cluster_mtbf(archive_root: str, now: float, window_s: float,
     """The cluster's MTBF over ``window_s``: the index's aggregate, else the published
     summary when it is a day old at most and of the same window, else None."""
     from wrapper.archive import index as index_mod
+    from wrapper.archive.spool import FOLDER
     from wrapper.errors import JobwrapError
 
     if index is not None:
@@ -104,7 +105,7 @@ def cluster_mtbf(archive_root: str, now: float, window_s: float,
             return index.mtbf(now - window_s)
         except JobwrapError:
             return None
-    path = os.path.join(archive_root, index_mod.FOLDER, index_mod.SUMMARY)
+    path = os.path.join(archive_root, FOLDER, index_mod.SUMMARY)
     try:
         with open(path, "rb") as handle:
             summary = json.loads(handle.read(4096))

@@ -23,9 +23,9 @@ from typing import Any
 _EXPORTS = {
     "CheckResult": "wrapper.gpu.checks", "GpuReading": "wrapper.gpu.probe",
     "Probe": "wrapper.gpu.probe", "ProbeError": "wrapper.gpu.probe",
-    "open_probe": "wrapper.gpu.probe", "Report": "wrapper.gpu.report",
+    "open_probe": "wrapper.gpu.backend", "Report": "wrapper.gpu.report",
     "run_checks": "wrapper.gpu.report",
-    "ResumeDecision": "wrapper.gpu.resume", "decide_resume": "wrapper.gpu.resume",
+    "ResumeDecision": "wrapper.gpu.undrain", "decide_resume": "wrapper.gpu.undrain",
 }
 __all__ = sorted(_EXPORTS)
 

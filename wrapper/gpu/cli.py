@@ -20,7 +20,7 @@ import click
 
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, JobwrapError
 from wrapper.gpu.report import TARGETS, Report, read_probe, run_checks
-from wrapper.gpu.resume import ResumeDecision, decide_resume
+from wrapper.gpu.undrain import ResumeDecision, decide_resume
 from wrapper.slurm.records import parse_gres_gpus
 
 
@@ -39,7 +39,7 @@ from wrapper.slurm.records import parse_gres_gpus
 def check(target: str, as_json: bool, dump: str | None, resume: bool, node: str | None) -> None:
     """Check this node's GPUs (gpu), software versions (versions) or both (all)."""
     from wrapper import config as config_mod
-    from wrapper.gpu.probe import open_probe
+    from wrapper.gpu.backend import open_probe
 
     path: str | None = click.get_current_context().find_root().obj["config_path"]
     cfg = config_mod.load(path)

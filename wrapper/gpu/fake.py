@@ -294,7 +294,7 @@ class FakeProbe:
 
         from wrapper.gpu import kmsg
 
-        logged = kmsg.node_xids(self.kmsg_path, self.xid_window)
+        logged = kmsg.kernel_xids(self.kmsg_path, self.xid_window)
         if logged is None:
             return readings  # not root: as the nvml probe, the inventory's alone
         out = []

@@ -28,7 +28,7 @@ def read(cfg: Config, node: str, gpus: Sequence[int], *,
     A probe that does not work raises JobwrapError: jobwrap's problem, not the GPU's."""
     if not gpus:
         return []
-    from wrapper.gpu.probe import open_probe
+    from wrapper.gpu.backend import open_probe
     from wrapper.gpu.report import run_checks
 
     probe = open_probe(cfg.gpu, node, listener=listener)

@@ -26,12 +26,6 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
-from wrapper.errors import JobwrapError
-
-if TYPE_CHECKING:
-    from wrapper.gpu.nvml import XidListener
 
 # The address is domain:bus:device, with or without a "PCI:" tag and a function.
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})"
@@ -121,28 +115,11 @@ def recent_xids(path: str, window: float, *, now: float | None = None) -> dict[s
     return found
 
 
-def node_xids(kmsg_path: str, window: float,
-              listener: XidListener | None = None) -> dict[str, list[int]] | None:
-    """The Xids of the node's GPUs: the event API's for the GPUs a listener covers, the
-    kernel log's for the others; None when neither can be read."""
+def kernel_xids(kmsg_path: str, window: float) -> dict[str, list[int]] | None:
+    """:func:`recent_xids`, or None where the kernel log cannot be read."""
     try:
-        kernel: dict[str, list[int]] | None = recent_xids(kmsg_path, window)
+        return recent_xids(kmsg_path, window)
     except OSError:
         # Not root, or a container without the kernel log: the Xid check reports the
         # events as not available rather than failing every other check.
-        kernel = None
-    if listener is None:
-        return kernel
-    try:
-        found = listener.poll()
-    except JobwrapError as exc:
-        # NVML's events failed (a lost GPU answers so): the kernel log this time, and
-        # the probe's own reads say what is wrong with the GPU
-        from wrapper import log
-
-        log.get().warning("gpu.xid_events_unreadable", error=str(exc))
-        return kernel
-    for key, codes in (kernel or {}).items():
-        if not listener.covers(key):
-            found[key] = codes
-    return found
+        return None

@@ -21,6 +21,8 @@ import contextlib
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
+from wrapper.errors import JobwrapError
+from wrapper.gpu.kmsg import device_key, kernel_xids
 from wrapper.gpu.probe import GpuReading, ProbeError, ProbeErrorKind, normalise_pci_bus_id
 
 if TYPE_CHECKING:
@@ -180,8 +182,6 @@ class NvmlProbe:
     def _recent_xids(self) -> dict[str, list[int]] | None:
         if self.config.xid_source != "kmsg":
             return None
-        from wrapper.gpu.kmsg import node_xids
-
         return node_xids(self.config.kmsg_path, self.config.xid_window, self.listener)
 
     def _read(self, nv: Any, index: int, wanted: frozenset[str],
@@ -234,8 +234,6 @@ class NvmlProbe:
                 values["row_remap_pending"] = bool(pending)
                 values["row_remap_failed"] = bool(failed)
         if "xid_events" in wanted and xids is not None:
-            from wrapper.gpu.kmsg import device_key
-
             values["xid_events"] = tuple(xids.get(device_key(pci), ()))
         if "temperature" in wanted:
             values["temperature"] = opt(
@@ -378,8 +376,6 @@ class XidListener:
                                                 event_set)
                 except nv.NVMLError:
                     continue  # this GPU does not deliver Xid events: the kernel log does
-                from wrapper.gpu.kmsg import device_key
-
                 keys[_handle_key(handle)] = device_key(normalise_pci_bus_id(bus_id))
         except nv.NVMLError:
             keys = {}
@@ -419,6 +415,28 @@ class XidListener:
             self.nv.nvmlEventSetFree(self.event_set)
         with contextlib.suppress(self.nv.NVMLError):
             self.nv.nvmlShutdown()
+
+
+def node_xids(kmsg_path: str, window: float,
+              listener: XidListener | None = None) -> dict[str, list[int]] | None:
+    """The Xids of the node's GPUs: the event API's for the GPUs a listener covers, the
+    kernel log's for the others; None when neither can be read."""
+    kernel = kernel_xids(kmsg_path, window)
+    if listener is None:
+        return kernel
+    try:
+        found = listener.poll()
+    except JobwrapError as exc:
+        # NVML's events failed (a lost GPU answers so): the kernel log this time, and
+        # the probe's own reads say what is wrong with the GPU
+        from wrapper import log
+
+        log.get().warning("gpu.xid_events_unreadable", error=str(exc))
+        return kernel
+    for key, codes in (kernel or {}).items():
+        if not listener.covers(key):
+            found[key] = codes
+    return found
 
 
 def _handle_key(handle: Any) -> Any:

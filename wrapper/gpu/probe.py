@@ -1,7 +1,8 @@
 """The GPU probe seam: what one GPU reading holds, the interface every probe implements.
 
 The checks read :class:`GpuReading` records and never know which probe produced them:
-``nvml`` (the real GPUs, through pynvml) or ``fake`` (a TOML inventory). A probe reads
+``nvml`` (the real GPUs, through pynvml) or ``fake`` (a TOML inventory), the one
+``[gpu] backend`` names (``wrapper.gpu.backend.open_probe``). A probe reads
 only the fields it is asked for, because on a node with eight GPUs every NVML call is
 paid on the start path of every job.
 """
@@ -11,14 +12,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from wrapper.errors import EXIT_BROKEN, EXIT_UNHEALTHY, JobwrapError
 from wrapper.lean import dataclass
-
-if TYPE_CHECKING:
-    from wrapper.config import GpuConfig
-    from wrapper.gpu.nvml import XidListener
 
 # What went wrong when a probe could not answer; it decides who is to blame:
 #   broken     jobwrap or its config (pynvml missing, no permission, a bad inventory)
@@ -150,21 +147,3 @@ class Probe(Protocol):
     def close(self) -> None:
         """Release the probe (NVML: shut down). Safe to call more than once."""
         ...
-
-
-def open_probe(config: GpuConfig, node: str, *, listener: XidListener | None = None) -> Probe:
-    """The probe ``[gpu] backend`` asks for. ``node`` is the Slurm node name: the fake
-    probe expands ``{node}`` in its inventory path with it.
-
-    The nvml probe loads pynvml and initialises NVML only when first asked something, so
-    that its errors come from the calls the checks make; the fake probe reads and
-    validates its inventory here. ``listener`` (the node watcher's, on NVML's Xid events)
-    is where the nvml probe takes its GPUs' Xids from.
-    """
-    if config.backend == "fake":
-        from wrapper.gpu.fake import FakeProbe
-
-        return FakeProbe.from_config(config, node)
-    from wrapper.gpu.nvml import NvmlProbe
-
-    return NvmlProbe(config, listener)

@@ -30,14 +30,14 @@ from wrapper.restart.policy import Decision
 from wrapper.slurm.context import JobContext
 
 if TYPE_CHECKING:
-    from wrapper.hooks import Services
+    from wrapper.hooks.services import Services
     from wrapper.slurm import SlurmBackend
 
 
 def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None = None,
         services: Services | None = None) -> int:
     if services is None:
-        from wrapper.hooks import Services
+        from wrapper.hooks.services import Services
 
         services = Services(cfg)
     started = time.monotonic()

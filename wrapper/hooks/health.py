@@ -25,7 +25,7 @@ from wrapper.slurm.context import JobContext
 
 if TYPE_CHECKING:
     from wrapper.gpu.report import Report
-    from wrapper.hooks import Services
+    from wrapper.hooks.services import Services
 
 GRES_TTL = 600.0
 VERSION_CHECKS = ("driver", "cuda", "nccl", "fabric_manager", "commands")
@@ -38,7 +38,7 @@ def check_node(ctx: JobContext, cfg: Config, env: Mapping[str, str], *, phase: s
 
     gres = configured_gres(cfg, ctx.node, backend)
     if services is None:
-        from wrapper.gpu.probe import open_probe
+        from wrapper.gpu.backend import open_probe
 
         probe = open_probe(cfg.gpu, ctx.node)
     else:

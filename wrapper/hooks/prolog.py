@@ -18,7 +18,7 @@ from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext
 
 if TYPE_CHECKING:
-    from wrapper.hooks import Services
+    from wrapper.hooks.services import Services
 
 
 def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
@@ -31,7 +31,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     store.record(ev.PrologContext(node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                                   context=ctx.as_dict()))
     if services is None:
-        from wrapper.hooks import Services
+        from wrapper.hooks.services import Services
 
         services = Services(cfg)
     backend = services.slurm

@@ -26,7 +26,7 @@ from wrapper.slurm.context import JobContext
 from wrapper.slurm.records import is_batch_step
 
 if TYPE_CHECKING:
-    from wrapper.hooks import Services
+    from wrapper.hooks.services import Services
 
 
 def exports(ctx: JobContext, cfg: Config, record: jobrecord.JobRecord | None,
@@ -119,7 +119,7 @@ def _end_step(ctx: JobContext, cfg: Config, environ: Mapping[str, str],
     if not step.isdigit():
         return
     if services is None:
-        from wrapper.hooks import Services
+        from wrapper.hooks.services import Services
 
         services = Services(cfg)
     backend_of = services

@@ -63,7 +63,8 @@ class ProbeGpuPids:
     def __call__(self) -> set[int]:
         if self._absent:
             return set()
-        from wrapper.gpu.probe import ProbeError, open_probe
+        from wrapper.gpu.backend import open_probe
+        from wrapper.gpu.probe import ProbeError
 
         try:
             probe = open_probe(self.config.gpu, self.node)

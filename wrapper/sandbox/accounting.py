@@ -19,12 +19,9 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from wrapper.runner import Runner
-
-if TYPE_CHECKING:
-    from wrapper.sandbox.cluster import Daemon
+from wrapper.sandbox.daemons import Daemon, SandboxError, daemon_of
 
 PROGRAMS = ("mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "sacctmgr")
 INSTALL_LOCK = Path("/tmp/jobwrap-sandbox-mariadb-install.lock")  # one install-db at a time
@@ -54,7 +51,6 @@ class Accounting:
 
     def start(self, env: dict[str, str]) -> list[Daemon]:
         from wrapper.sandbox import flavor
-        from wrapper.sandbox.cluster import SandboxError, _daemon
 
         slurmdbd = flavor.program(self.slurm_prefix, "slurmdbd")
         missing = [p for p in PROGRAMS if not shutil.which(p, path=env.get("PATH")) and
@@ -77,7 +73,7 @@ class Accounting:
             _sbin("mariadbd"), "--no-defaults", f"--datadir={data}", "--user=mysql",
             f"--socket={self.socket}", f"--port={self.db_port}", "--bind-address=127.0.0.1",
             f"--pid-file={self.dir / 'mysqld.pid'}", f"--log-error={self.dir / 'mysqld.err'}",
-            "--skip-name-resolve", "--innodb-buffer-pool-size=32M"], env, _daemon)]
+            "--skip-name-resolve", "--innodb-buffer-pool-size=32M"], env, daemon_of)]
         self._wait(lambda: self._sql("SELECT 1", check=False) == 0, "mariadbd",
                    self.dir / "mysqld.err")
         password = secrets.token_hex(16)
@@ -104,7 +100,7 @@ StorageLoc=slurm_acct_db
         slurm = pwd.getpwnam("slurm")
         os.chown(conf, slurm.pw_uid, slurm.pw_gid)
         os.chmod(conf, 0o600)
-        daemons.append(self._spawn("slurmdbd", [_sbin(slurmdbd), "-D"], env, _daemon))
+        daemons.append(self._spawn("slurmdbd", [_sbin(slurmdbd), "-D"], env, daemon_of))
         self._wait(lambda: runner.run(["sacctmgr", "-n", "show", "cluster"], timeout=10,
                                       check=False).returncode == 0,
                    "slurmdbd", self.base / "log" / "slurmdbd.log")
@@ -135,8 +131,6 @@ StorageLoc=slurm_acct_db
         its last line, when it fails."""
         import fcntl
 
-        from wrapper.sandbox.cluster import SandboxError
-
         argv = ["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=mysql",
                 "--auth-root-authentication-method=socket", "--skip-test-db"]
         fd = os.open(INSTALL_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -156,8 +150,6 @@ StorageLoc=slurm_acct_db
 
     def _wait(self, ready: Callable[[], bool], what: str, log: Path,
               timeout: float = 60) -> None:
-        from wrapper.sandbox.cluster import SandboxError
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if ready():

@@ -26,11 +26,11 @@ from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
 
-from wrapper.errors import JobwrapError
 from wrapper.lean import dataclass
 from wrapper.runner import Runner
 from wrapper.sandbox import containment, flavor
 from wrapper.sandbox.containment import mode_from_env as containment_mode
+from wrapper.sandbox.daemons import Daemon, SandboxError, alive, daemon_of, terminate
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "python3-venv"]
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "scontrol", "munged"]
@@ -59,10 +59,6 @@ def node_memory_mb() -> int:
     return max(256, min(NODE_MEMORY_MB, host - 512))
 
 
-class SandboxError(JobwrapError):
-    """The sandbox cluster could not be set up, started or used."""
-
-
 def source_root() -> Path:
     """The checkout this package was loaded from (it holds pyproject.toml and the hooks)."""
     here = Path(__file__).resolve().parents[2]
@@ -89,13 +85,6 @@ class Spec:
     containment: str = field(default_factory=containment_mode)
     db_port: int = 16820
     dbd_port: int = 16819
-
-
-@dataclass
-class Daemon:
-    name: str
-    pid: int
-    started: float  # psutil create_time, to never signal a reused pid
 
 
 class Cluster:
@@ -200,7 +189,7 @@ class Cluster:
             self._cancel_jobs()
         stopped = []
         for daemon in reversed(self.daemons):
-            if _terminate(daemon):
+            if terminate(daemon):
                 stopped.append(daemon.name)
         self.daemons = []
         self._save()
@@ -248,7 +237,7 @@ class Cluster:
         if not record.exists():
             return False
         self.load()
-        return any(_alive(d) for d in self.daemons if d.name != "munged")
+        return any(alive(d) for d in self.daemons if d.name != "munged")
 
     def load(self) -> None:
         data = json.loads((self.base / RECORD).read_text())
@@ -485,7 +474,7 @@ epilog_budget = 100
 
     def _start_daemons(self) -> None:
         for name in ["slurmctld", *(f"slurmd-{n}" for n in self.spec.nodes)]:
-            self.start_daemon(name)
+            self.startdaemon_of(name)
 
     def daemon_argv(self, name: str) -> list[str]:
         """How the sandbox runs its Slurm daemon ``name`` (``slurmctld``, ``slurmd-NODE``):
@@ -499,7 +488,7 @@ epilog_budget = 100
             return [flavor.program(prefix, "slurmd"), "-D", "-N", node, "-f", str(self.conf)]
         raise SandboxError(f"no Slurm daemon {name!r} in this sandbox")
 
-    def start_daemon(self, name: str) -> Daemon:
+    def startdaemon_of(self, name: str) -> Daemon:
         """Start the Slurm daemon ``name`` and record it (``down`` stops it); slurmctld is
         waited for until it answers."""
         out = open(self.base / "log" / f"{name}.stdout", "ab")  # noqa: SIM115 - the daemon's
@@ -509,21 +498,21 @@ epilog_budget = 100
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd="/")
         out.close()
-        daemon = _daemon(name, proc.pid)
+        daemon = daemon_of(name, proc.pid)
         self.daemons.append(daemon)
         self._save()
         if name == "slurmctld":
             self._wait_ctld()
         return daemon
 
-    def stop_daemon(self, name: str, grace: float = 30) -> None:
+    def stopdaemon_of(self, name: str, grace: float = 30) -> None:
         """Stop the daemon ``name`` as ``systemctl stop`` does: SIGTERM, then wait for it
         to exit. One that is still there after ``grace`` seconds is killed and reported."""
         daemon = next((d for d in self.daemons if d.name == name), None)
-        if daemon is None or not _alive(daemon):
+        if daemon is None or not alive(daemon):
             raise SandboxError(f"{name} is not running in this sandbox")
         try:
-            how = _terminate(daemon, grace)
+            how = terminate(daemon, grace)
         finally:
             self.daemons.remove(daemon)
             self._save()
@@ -548,7 +537,7 @@ epilog_budget = 100
             if states and all(s.startswith("idle") for s in states.values()):
                 return
             for daemon in self.daemons:
-                if not _alive(daemon):
+                if not alive(daemon):
                     raise SandboxError(f"{daemon.name} exited; see {self.base}/log/")
             time.sleep(0.5)
         raise SandboxError(f"nodes not idle within {timeout:g} s: {states}; "
@@ -685,42 +674,3 @@ def _munge_works() -> bool:
     except subprocess.TimeoutExpired:
         return False
     return dec.returncode == 0
-
-
-def _daemon(name: str, pid: int) -> Daemon:
-    import psutil
-
-    try:
-        started = psutil.Process(pid).create_time()
-    except psutil.Error:
-        started = 0.0
-    return Daemon(name, pid, started)
-
-
-def _alive(daemon: Daemon) -> bool:
-    import psutil
-
-    try:
-        proc = psutil.Process(daemon.pid)
-        return bool(proc.create_time() == daemon.started
-                    and proc.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
-def _terminate(daemon: Daemon, grace: float = 10) -> str:
-    """SIGTERM, then SIGKILL after ``grace`` seconds; only if the pid is still ours.
-    Returns the signal that ended it, "" when it was not running."""
-    import psutil
-
-    if not _alive(daemon):
-        return ""
-    proc = psutil.Process(daemon.pid)
-    proc.terminate()
-    try:
-        proc.wait(grace)
-    except psutil.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-        return "SIGKILL"
-    return "SIGTERM"

@@ -28,7 +28,8 @@ from typing import Any
 from wrapper.job import events as ev
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import TERMINAL_STATES, Cluster, SandboxError
+from wrapper.sandbox.cluster import TERMINAL_STATES, Cluster
+from wrapper.sandbox.daemons import SandboxError
 
 Echo = Callable[[str], None]
 PARTS = 6

@@ -30,6 +30,7 @@ from typing import Any
 
 from wrapper import log
 from wrapper.job import events as ev
+from wrapper.watch.files import WATCH_FORMAT, forensics_file
 
 MAX_PROCS = 64  # candidates on one node: a user spawning thousands costs root nothing more
 MAX_FRAMES = 40
@@ -45,10 +46,6 @@ COLLECTIVE_FILES = ("torch/distributed/", "torch/nn/parallel/distributed", "deep
 COLLECTIVE_NAMES = frozenset({"all_reduce", "allreduce", "all_gather", "allgather",
                               "broadcast", "barrier", "reduce_scatter", "all_to_all",
                               "alltoall", "monitored_barrier", "wait"})
-
-
-def file_name(node: str) -> str:
-    return f"forensics-{node}.json"
 
 
 def _read_proc(path: str) -> bytes:
@@ -170,7 +167,7 @@ def _printable(text: str) -> str:
 def gpu_state(cfg: Any, node: str, gpus: Sequence[int]) -> list[dict[str, Any]]:
     """Utilisation and memory of the node's allocated GPUs, through the probe."""
     from wrapper.errors import JobwrapError
-    from wrapper.gpu.probe import open_probe
+    from wrapper.gpu.backend import open_probe
 
     try:
         probe = open_probe(cfg.gpu, node)
@@ -314,12 +311,11 @@ def conclude(state: Any, job_id: str, attempt: int, stdout: str, user: Any) -> s
 
 def forensics_of(state: Any, node: str) -> dict[str, Any]:
     """``{"forensics": ...}`` for this node's archive part, when its watcher took them."""
-    found = state.read_json(file_name(node))
+    found = state.read_json(forensics_file(node))
     if not found:
         return {}
     from wrapper.errors import format_of
-    from wrapper.watch.process import WATCH_FORMAT
 
-    format_of(found, "format", known=WATCH_FORMAT, path=state.path / file_name(node),
+    format_of(found, "format", known=WATCH_FORMAT, path=state.path / forensics_file(node),
               what="forensics record")
     return {"forensics": {k: v for k, v in found.items() if k != "format"}}

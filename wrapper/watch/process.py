@@ -22,6 +22,7 @@ from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext
 from wrapper.watch.feed import Fault, Watcher
+from wrapper.watch.files import WATCH_FORMAT, forensics_file, pid_file
 
 if TYPE_CHECKING:
     import argparse
@@ -29,16 +30,8 @@ if TYPE_CHECKING:
     from wrapper.gpu.nvml import XidListener
     from wrapper.slurm import SlurmBackend
 
-MODULE = "wrapper.watch"
+MODULE = "wrapper.watch"  # in its command line: the epilog checks it before it stops it
 WATCH_ASK_EVERY = 600.0  # seconds between a watcher's asks to slurmctld (see run())
-# The "format" of the watcher's files in the job's state (watch-NODE.json, and
-# forensics-NODE.json): docs/upgrades.md. An epilog finds the watcher by its pid file
-# and by MODULE in its command line: both outlive an upgrade under a running job.
-WATCH_FORMAT = 1
-
-
-def pid_file(node: str) -> str:
-    return f"watch-{node}.json"
 
 
 def start(ctx: JobContext, cfg: Config, state: JobState,
@@ -264,7 +257,7 @@ def _forensics_reader(cfg: Config, store: JobStore, args: argparse.Namespace,
                            uid=args.uid, gid=args.gid, gpus=gpus,
                            budget=max(2.0, cfg.supervisor.forensics_timeout
                                           - cfg.supervisor.gpu_interval))
-        store.state.write_json(fx.file_name(args.node), {"format": WATCH_FORMAT, **found})
+        store.state.write_json(forensics_file(args.node), {"format": WATCH_FORMAT, **found})
         store.record(ev.WatchForensics(
             attempt=args.attempt, node=args.node,
             ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from tests.support.archive import NOW, config_file, write_job
 from wrapper.archive import index as index_mod
+from wrapper.archive import spool as spool_mod
 from wrapper.archive import store
 from wrapper.archive.index import SqliteIndex
 from wrapper.cli import cli
@@ -89,12 +90,12 @@ def test_an_index_of_an_older_schema_is_rebuilt(root: Path, config_path: str) ->
     write_job(root, "alice", "1")
     SqliteIndex(str(root)).rebuild()
     con = sqlite3.connect(root / ".index" / "archive.sqlite")
-    con.execute(f"PRAGMA user_version = {index_mod.SCHEMA - 1}")
+    con.execute(f"PRAGMA user_version = {spool_mod.SCHEMA - 1}")
     con.close()
     said: list[str] = []
     index = index_mod.reading(load(config_path), said.append)
     assert index is not None and [i.job_id for i in index.jobs()] == ["1"]
-    assert len(said) == 1 and f"schema {index_mod.SCHEMA - 1}" in said[0]
+    assert len(said) == 1 and f"schema {spool_mod.SCHEMA - 1}" in said[0]
 
 
 def test_a_newer_jobwraps_index_is_left_as_it_is_and_the_manifests_are_read(
@@ -105,15 +106,15 @@ def test_a_newer_jobwraps_index_is_left_as_it_is_and_the_manifests_are_read(
     SqliteIndex(str(root)).rebuild()
     database = root / ".index" / "archive.sqlite"
     con = sqlite3.connect(database)
-    con.execute(f"PRAGMA user_version = {index_mod.SCHEMA + 1}")
+    con.execute(f"PRAGMA user_version = {spool_mod.SCHEMA + 1}")
     con.close()
     said: list[str] = []
     assert index_mod.reading(load(config_path), said.append) is None
     [line] = said
-    assert f"{database} is in archive index format {index_mod.SCHEMA + 1}" in line
+    assert f"{database} is in archive index format {spool_mod.SCHEMA + 1}" in line
     assert "install the same jobwrap on every node" in line and "manifests instead" in line
     con = sqlite3.connect(database)  # untouched: still the newer jobwrap's
-    assert con.execute("PRAGMA user_version").fetchone()[0] == index_mod.SCHEMA + 1
+    assert con.execute("PRAGMA user_version").fetchone()[0] == spool_mod.SCHEMA + 1
     con.close()
     code, out, err = jobwrap(config_path, "archive", "list")
     assert code == 0 and "alice" in out and "Traceback" not in err
@@ -143,7 +144,7 @@ def test_a_spool_write_that_fails_never_fails_the_archive_nor_loses_the_manifest
         def full(*_: object, **__: object) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(index_mod, "write_json_atomic", full)
+        monkeypatch.setattr(spool_mod, "write_json_atomic", full)
     else:
         os.rename(root / ".index", shared / "old-index")
         (root / ".index").write_text("in the way")

@@ -11,9 +11,10 @@ import pytest
 
 from wrapper.config import ChecksConfig, Config, GpuConfig
 from wrapper.errors import ConfigError
+from wrapper.gpu.backend import open_probe
 from wrapper.gpu.checks import REGISTRY, CheckResult
 from wrapper.gpu.fake import dump_inventory, load_inventory
-from wrapper.gpu.probe import ProbeError, open_probe
+from wrapper.gpu.probe import ProbeError
 from wrapper.gpu.report import Report, run_checks
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"

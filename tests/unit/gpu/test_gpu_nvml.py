@@ -156,8 +156,7 @@ class _FakeNvmlEvents:
 
 
 def test_the_xid_event_api_is_the_source_where_a_gpu_delivers_it(tmp_path: Path) -> None:
-    from wrapper.gpu.kmsg import node_xids
-    from wrapper.gpu.nvml import XidListener
+    from wrapper.gpu.nvml import XidListener, node_xids
 
     nv = _FakeNvmlEvents()
     listener = XidListener.open(nv)

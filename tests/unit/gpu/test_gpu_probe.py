@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from wrapper.config import GpuConfig
+from wrapper.gpu.backend import open_probe
 from wrapper.gpu.fake import (
     FakeProbe,
     dump_inventory,
@@ -26,7 +27,6 @@ from wrapper.gpu.probe import (
     ProbeError,
     field_kind,
     normalise_pci_bus_id,
-    open_probe,
 )
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"

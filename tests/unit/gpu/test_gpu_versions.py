@@ -13,7 +13,7 @@ import pytest
 
 from wrapper.config import Config, GpuConfig, VersionsConfig
 from wrapper.errors import ConfigError
-from wrapper.gpu.probe import open_probe
+from wrapper.gpu.backend import open_probe
 from wrapper.gpu.report import Report, run_checks
 from wrapper.gpu.versions import (
     at_least,

@@ -139,6 +139,7 @@ PROLOG_MODULES = {
     "wrapper", "wrapper.config", "wrapper.detach", "wrapper.directives", "wrapper.errors",
     "wrapper.gpu", "wrapper.gpu.checks", "wrapper.gpu.probe", "wrapper.gpu.report",
     "wrapper.gpu.versions", "wrapper.gpu.xid", "wrapper.hooks", "wrapper.hooks.health",
+    "wrapper.hooks.services",
     "wrapper.hooks.prolog", "wrapper.hooks.staging", "wrapper.job", "wrapper.job.events",
     "wrapper.job.paths", "wrapper.job.record", "wrapper.job.state", "wrapper.job.store",
     "wrapper.lean",
@@ -147,7 +148,7 @@ PROLOG_MODULES = {
     "wrapper.runner", "wrapper.slurm", "wrapper.slurm.commands", "wrapper.slurm.context",
     "wrapper.slurm.parse", "wrapper.slurm.records", "wrapper.staging",
     "wrapper.staging.errors", "wrapper.staging.scratch",
-    "wrapper.watch", "wrapper.watch.feed", "wrapper.watch.process",
+    "wrapper.watch", "wrapper.watch.feed", "wrapper.watch.files", "wrapper.watch.process",
 }
 # Loaded by the test's own fakes and set-up, not by the prolog.
 HARNESS = {"wrapper.gpu.fake", "wrapper.slurm.fake"}

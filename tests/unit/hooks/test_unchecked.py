@@ -20,9 +20,9 @@ import pytest
 
 from tests.support.epilog import JOB, EpilogCase
 from wrapper.config import ChecksConfig
-from wrapper.hooks import Services
 from wrapper.hooks import epilog as epilog_mod
 from wrapper.hooks.epilog import decide_attempt
+from wrapper.hooks.services import Services
 from wrapper.job import events as ev
 from wrapper.job.store import JobStore
 from wrapper.restart.classify import Classification

@@ -25,6 +25,7 @@ from tests.support.epilog import JobFiles
 from tests.support.hooks import FIXTURES, slurm_env
 from tests.support.staging import SETTINGS, Jobs, MakeDataset
 from wrapper.archive import index as index_mod
+from wrapper.archive import spool as spool_mod
 from wrapper.archive import store as archive_store
 from wrapper.cli import cli
 from wrapper.errors import FormatTooNew, format_of
@@ -301,7 +302,7 @@ def test_the_indexer_reads_an_older_spool_record_again_and_leaves_a_newer_one(
     (spool / "1.alice.7.old.json").write_text(json.dumps(
         {"v": 1, "user": "alice", "job_id": "7", "ledger": {"whole": "ledger"}}))
     (spool / "2.alice.8.new.json").write_text(json.dumps(
-        {"v": index_mod.SCHEMA + 1, "user": "alice", "job_id": "8"}))
+        {"v": spool_mod.SCHEMA + 1, "user": "alice", "job_id": "8"}))
     from wrapper.config import load
 
     said: list[str] = []

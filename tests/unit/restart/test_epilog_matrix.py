@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.epilog import CASES, JOB, EpilogCase
-from wrapper.hooks import Services
 from wrapper.hooks.epilog import decide_attempt
+from wrapper.hooks.services import Services
 from wrapper.job import events as ev
 from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext

@@ -12,8 +12,8 @@ import pytest
 from tests.support.epilog import EpilogCase
 from wrapper.config import Config, PathsConfig
 from wrapper.directives import parse_args
-from wrapper.hooks import Services
 from wrapper.hooks.epilog import decide_attempt
+from wrapper.hooks.services import Services
 from wrapper.job import events as ev
 from wrapper.restart import judge as judge_mod
 from wrapper.restart import runloop

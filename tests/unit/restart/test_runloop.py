@@ -14,8 +14,8 @@ import pytest
 from tests.support.epilog import JOB, EpilogCase
 from wrapper.config import Config, PathsConfig
 from wrapper.directives import parse_args
-from wrapper.hooks import Services
 from wrapper.hooks.epilog import decide_attempt
+from wrapper.hooks.services import Services
 from wrapper.job import events as ev
 from wrapper.job.state import JobState
 from wrapper.job.store import JobStore

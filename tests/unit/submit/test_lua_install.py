@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fixtures.lua import luarun
-from wrapper import config
+from wrapper import config, install_lua
 from wrapper.cli import cli
 from wrapper.install_lua import (
     InstallError,
@@ -84,10 +84,34 @@ def test_install_into_a_folder_replaces_atomically(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job_submit.lua"]
 
 
-def test_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
-    with pytest.raises(OSError):
-        install(tmp_path / "missing-dir" / "job_submit.lua", "x")
+def test_a_failed_write_leaves_no_temp_file(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rename fails after the temp file was written beside the target: it is removed,
+    # and the caller sees the rename's own error (the CLI turns it into "cannot write").
+    made: list[str] = []
+    real_mkstemp = install_lua.tempfile.mkstemp
+
+    def mkstemp(*args: object, **kwargs: object) -> tuple[int, str]:
+        fd, name = real_mkstemp(*args, **kwargs)  # type: ignore[call-overload]
+        made.append(name)
+        return fd, name
+
+    def replace(src: str, dst: object) -> None:
+        assert os.path.exists(src)  # the failure comes after the temp file exists
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(install_lua.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(install_lua.os, "replace", replace)
+    with pytest.raises(OSError, match="No space left on device"):
+        install(tmp_path / "job_submit.lua", "x")
+    assert len(made) == 1 and Path(made[0]).parent == tmp_path
     assert list(tmp_path.iterdir()) == []
+    cfg = tmp_path.parent / f"{tmp_path.name}.toml"
+    cfg.write_text("")
+    result = CliRunner().invoke(cli, ["--config", str(cfg), "install-lua", str(tmp_path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"cannot write {tmp_path}: No space left on device" in result.output
+    assert len(made) == 2 and list(tmp_path.iterdir()) == []
 
 
 def test_cli_writes_a_plugin_that_runs(tmp_path: Path) -> None:

@@ -152,7 +152,8 @@ def test_stop_ends_only_the_watcher_its_pid_file_names(tmp_path: Path) -> None:
     import psutil
 
     from wrapper.job.state import JobState
-    from wrapper.watch.process import pid_file, stop
+    from wrapper.watch.files import pid_file
+    from wrapper.watch.process import stop
 
     state = JobState(tmp_path, "77")
     state.prepare(None, None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wrapper.gpu.resume import decide_resume
+from wrapper.gpu.undrain import decide_resume
 
 REASON = "jobwrap: row_remap gpu1(GPU-11a2b3c4): row remapping failed [root@2025-01-01T10:00:00]"
 
