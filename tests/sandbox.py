@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from wrapper.sandbox.cluster import Cluster, Spec
-from wrapper.sandbox.daemons import alive
+from jobwrap_dev.sandbox.cluster import Cluster, Spec
+from jobwrap_dev.sandbox.daemons import alive
 
 # Each pytest process (one tier, or one xdist worker of it) takes ports from a block of
 # its own: JOBWRAP_TEST_PORT_BASE (tools/test gives each tier its own, below the kernel's

@@ -18,8 +18,7 @@ from wrapper import __version__
 class _Group(click.Group):
     """Maps errors to exit codes, and loads heavy verb groups only when they are called."""
 
-    lazy: ClassVar[dict[str, str]] = {"sandbox": "wrapper.sandbox.cli:sandbox",
-                                      "checkpoints": "wrapper.checkpoints.cli:checkpoints",
+    lazy: ClassVar[dict[str, str]] = {"checkpoints": "wrapper.checkpoints.cli:checkpoints",
                                       "login-guard": "wrapper.loginguard.cli:login_guard",
                                       "check": "wrapper.gpu.cli:check",
                                       "doctor": "wrapper.doctor:doctor",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from jobwrap_dev.sandbox import flavor
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.osl.users import UserIds
-from wrapper.sandbox import flavor
-from wrapper.sandbox.cluster import Cluster
 
 RIVAL = "jwrival"
 

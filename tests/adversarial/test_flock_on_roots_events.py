@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 VICTIM = """#!/bin/bash
 #SBATCH --output={work}/lockv-%j.out

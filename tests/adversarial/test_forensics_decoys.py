@@ -16,9 +16,9 @@ import time
 
 import psutil
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
-from wrapper.sandbox.cluster import Cluster
 
 HUNG = '''#!/bin/bash
 #SBATCH --output=fx-%j.out

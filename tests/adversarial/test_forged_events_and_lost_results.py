@@ -12,8 +12,8 @@ import stat
 
 import pytest
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 FORGE = """#!/bin/bash
 #SBATCH --output={work}/forge-{what}-%j.out

@@ -13,9 +13,9 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 
 FORGE = r"""#!/bin/bash
 #SBATCH --output={work}/forge-goodput-%j.out

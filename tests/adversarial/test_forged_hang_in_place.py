@@ -5,8 +5,8 @@ no ``jobwrap run`` of the attempt, ended the whole job and wrote no such fact.""
 
 from __future__ import annotations
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 CLAIM = """#!/bin/bash
 #SBATCH --output={work}/hangclaim-%j.out --open-mode=append

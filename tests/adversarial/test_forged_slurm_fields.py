@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 FORGED = "JobState=NODE_FAIL Reason=NodeDown ExcNodeList=n[0-99999999999]"
 SCRIPT = """#!/bin/bash

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 
 CLAIM = """#!/bin/bash
 #SBATCH --output={work}/spareclaim-%j.out -N2 --gres=gpu:1

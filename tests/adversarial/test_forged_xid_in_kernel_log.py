@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
-# gpu0 of every sandbox node (wrapper/sandbox/gpus.py)
+# gpu0 of every sandbox node (jobwrap_dev/sandbox/gpus.py)
 FORGED = "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus"
 
 # Segfault inside a file of the user's, mapped readable and not executable; the process

@@ -18,10 +18,10 @@ import threading
 import time
 from pathlib import Path
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.adversarial.conftest import RIVAL, as_user
 from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
-from wrapper.sandbox.cluster import Cluster
 
 PLAIN = "#!/bin/bash\n#SBATCH --time=5\necho plain\n"
 

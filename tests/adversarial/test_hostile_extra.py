@@ -16,11 +16,11 @@ import time
 
 import pytest
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.adversarial.conftest import run_as_slurmd, slurmd_env
 from wrapper.job.record import load
 from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
-from wrapper.sandbox.cluster import Cluster
 
 SCRIPT = """#!/bin/bash
 #SBATCH --output=extra-%j.out

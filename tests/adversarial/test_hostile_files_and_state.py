@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.adversarial.conftest import run_as_slurmd, slurmd_env
 from wrapper.job.state import PRUNE_STAMP, USER_EVENTS, JobState
 from wrapper.osl.users import UserIds
-from wrapper.sandbox.cluster import Cluster
 
 
 def as_user(cluster: Cluster, user: str, argv: list[str], *,

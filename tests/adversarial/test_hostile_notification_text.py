@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from wrapper.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.cluster import Cluster
 
 JOB = r"""#!/bin/bash
 #SBATCH --output=notify-%j.out

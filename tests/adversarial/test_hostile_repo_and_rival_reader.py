@@ -11,8 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.osl.users import UserIds
-from wrapper.sandbox.cluster import Cluster
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@x", "GIT_CONFIG_NOSYSTEM": "1"}

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 
-from wrapper.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.cluster import Cluster
 
 SCRIPT = """#!/bin/bash
 #SBATCH --output=evilenv-%j.out

@@ -12,8 +12,8 @@ import time
 
 import psutil
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.parse import expand_hostlist
 
 JOB = """#!/bin/bash

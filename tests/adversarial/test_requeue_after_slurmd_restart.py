@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.support import poll
 from tests.support.restarts import EXPECTED, last_step, restart_slurmd, start_job, write_payload
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import socket
 import tempfile
 from collections.abc import Iterator
 
-from wrapper.sandbox.cluster import Cluster, Spec
+from jobwrap_dev.sandbox.cluster import Cluster, Spec
 
 
 @contextlib.contextmanager

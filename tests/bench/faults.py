@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.bench.cluster import sandbox
 from tests.bench.timing import verdict
 from wrapper import config
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 from wrapper.watch.files import pid_file
 
 SLEEPER = """#!/bin/bash

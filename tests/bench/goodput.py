@@ -51,14 +51,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobwrap_dev.sandbox import flavor
+from jobwrap_dev.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.daemons import Daemon, daemon_of
 from tests.bench import goodput_job as job
 from tests.bench.cluster import sandbox
 from tests.bench.job_start import Hooks
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox import flavor
-from wrapper.sandbox.cluster import Cluster
-from wrapper.sandbox.daemons import Daemon, daemon_of
 
 PYTHON = "/opt/jobwrap/frameworks/bin/python"
 GAP = 30  # steps a launch makes before the next fault

@@ -26,10 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+from jobwrap_dev.sandbox import flavor
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.bench.cluster import sandbox
 from wrapper.runner import Runner
-from wrapper.sandbox import flavor
-from wrapper.sandbox.cluster import Cluster
 
 NODES = 32
 HOOKS = ("prolog/prolog", "prolog/task-prolog", "epilog/epilog")

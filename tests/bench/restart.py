@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.bench.cluster import sandbox
 from tests.bench.timing import verdict
-from wrapper.sandbox.cluster import Cluster
 
 STAMP = re.compile(r"^(\w+) ([\d.]+)$", re.M)
 

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper import slurm
 from wrapper.config import SlurmConfig
 from wrapper.errors import SlurmError
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.parse import expand_hostlist
 

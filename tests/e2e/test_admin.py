@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from jobwrap_dev.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.daemons import SandboxError
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
-from wrapper.sandbox.daemons import SandboxError
 
 
 def jobwrap(cluster: Cluster, *args: str, config: Path | None = None

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from wrapper.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.cluster import Cluster
 
 SCRIPT = """#!/bin/bash
 #SBATCH --nodes=2

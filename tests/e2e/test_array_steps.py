@@ -8,10 +8,10 @@ steps must end those and only those, and never a batch script.
 
 from __future__ import annotations
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.support import poll
 from wrapper.config import SlurmConfig
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.commands import CliBackend
 
 SCRIPT = """#!/bin/bash

@@ -18,18 +18,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-import wrapper.sandbox
+import jobwrap_dev.sandbox
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper import config
 from wrapper.install_lua import SiteDefaults, install, render
 from wrapper.job.state import JobState
 from wrapper.restart.batch import MARK
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.parse import expand_hostlist
 
 STEPS = 14
 EXPECTED = STEPS * (STEPS + 1) // 2
-PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+PAYLOAD = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
 # rank 0 keeps the checkpoints jobwrap resumes from; rank 1 trains beside it in lockstep
 RANK = ('echo "rank $SLURM_PROCID on $SLURMD_NODENAME"; D=$JOBWRAP_CHECKPOINT_DIR; '
         'if [ "$SLURM_PROCID" = 0 ]; then export TOY_PEER_DIR=$D-r1; else '

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import psutil
 
-import wrapper.sandbox
+import jobwrap_dev.sandbox
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 
-PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+PAYLOAD = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
 CONTROLLERS = ("freezer", "cpuset", "memory", "devices", "cpuacct")
 
 

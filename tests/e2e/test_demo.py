@@ -1,6 +1,7 @@
-"""``jobwrap sandbox demo`` end to end on the real cluster: each part shows what it claims.
+"""The demo (``python -m jobwrap_dev sandbox demo``) end to end on the real cluster: each
+part shows what it claims.
 
-The demo runs here on the session's shared cluster (``jobwrap sandbox demo`` adds only
+The demo runs here on the session's shared cluster (the demo command adds only
 bringing a cluster up and down, which every e2e session does through the same class),
 so a change that breaks any of its six parts fails this test instead of a new admin's
 first run.
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import psutil
 
+from jobwrap_dev.sandbox import demo
+from jobwrap_dev.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.demo import PARTS, run_demo
 from tests.support import framework_python
-from wrapper.sandbox import demo
-from wrapper.sandbox.cluster import Cluster
-from wrapper.sandbox.demo import PARTS, run_demo
 
 
 def uninterrupted_weights(tmp_path: Path) -> str:

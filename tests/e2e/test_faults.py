@@ -13,16 +13,16 @@ import shutil
 import time
 from pathlib import Path
 
-import wrapper.sandbox
+import jobwrap_dev.sandbox
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper import config
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.parse import expand_hostlist
 
 STEPS = 30
 EXPECTED = STEPS * (STEPS + 1) // 2
-PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+PAYLOAD = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
 
 
 def scontrol(cluster: Cluster, *args: str) -> str:

@@ -28,11 +28,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.sandbox import free_ports
 from tests.support import framework_python, host_lock
 from wrapper.checkpoints import latest_valid
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.parse import expand_hostlist
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"

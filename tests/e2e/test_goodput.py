@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-import wrapper.sandbox
+import jobwrap_dev.sandbox
+from jobwrap_dev.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.daemons import alive
 from tests.sandbox import free_ports, make_spec
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
-from wrapper.sandbox.daemons import alive
 
-PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+PAYLOAD = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
 STEPS = 8
 
 

@@ -14,8 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 TORCH = Path("/opt/jobwrap/frameworks/bin/python")
 STEPS = 8
@@ -118,9 +118,9 @@ def test_a_hang_under_jobwrap_run_is_restarted_in_place(cluster: Cluster) -> Non
     run`` sees its command fail after the hang and restarts it in the same allocation
     from step 3's checkpoint: no requeue (Slurm's restart count stays 0), and root's
     epilog classes the one attempt by how it ended: success."""
-    import wrapper.sandbox
+    import jobwrap_dev.sandbox
 
-    payload = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+    payload = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
     cluster.write_user_file("train.py", payload.read_text())
     shutil.rmtree(cluster.work / "ckpt-hangrun", ignore_errors=True)
     jobwrap = cluster.runtime / "venv" / "bin" / "jobwrap"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import psutil
 
+from jobwrap_dev.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.daemons import alive
 from tests.sandbox import make_spec
-from wrapper.sandbox.cluster import Cluster
-from wrapper.sandbox.daemons import alive
 
 
 def _processes_using(conf: Path) -> list[int]:

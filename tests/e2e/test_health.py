@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import time
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 
 
 def scontrol(cluster: Cluster, *args: str) -> str:

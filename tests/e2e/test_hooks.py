@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 JOB = """#!/bin/bash
 #SBATCH --nodes=2

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-import wrapper.sandbox
+import jobwrap_dev.sandbox
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 STEPS = 8
 EXPECTED = STEPS * (STEPS + 1) // 2
-PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+PAYLOAD = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
 
 
 def job_script(name: str, how: str, crash_at: int, *, extra: str = "", steps: int = STEPS,

@@ -11,11 +11,11 @@ from importlib import metadata
 
 import pytest
 
+from jobwrap_dev.sandbox import flavor
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper import slurm
 from wrapper.config import SlurmConfig
 from wrapper.runner import Runner
-from wrapper.sandbox import flavor
-from wrapper.sandbox.cluster import Cluster
 
 
 def _config(cluster: Cluster, backend: str = "auto") -> SlurmConfig:

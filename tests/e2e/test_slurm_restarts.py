@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.support import poll
 from tests.support.restarts import (
     EXPECTED,
@@ -31,7 +32,6 @@ from wrapper.config import SlurmConfig
 from wrapper.errors import SlurmError
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 from wrapper.slurm.commands import CliBackend
 from wrapper.supervisor.launch import SlurmLook
 

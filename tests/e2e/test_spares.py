@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-import wrapper.sandbox
+import jobwrap_dev.sandbox
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 
 STEPS = 14
 EXPECTED = STEPS * (STEPS + 1) // 2
 LOSS_STEPS = 20
-PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+PAYLOAD = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from jobwrap_dev.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.daemons import SandboxError
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
-from wrapper.sandbox.daemons import SandboxError
 
 
 def chown_tree(path: Path, user: str) -> None:

@@ -24,8 +24,8 @@ import time
 
 import pytest
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 JOB_A = """#!/bin/bash
 #SBATCH --output=unchecked-%j.out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper.job.state import JobState
-from wrapper.sandbox.cluster import Cluster
 
 
 def test_a_job_without_steps_gets_the_walltime_signal_in_its_batch_shell(
@@ -63,9 +63,9 @@ def test_before_the_limit_a_saved_job_is_requeued_at_once_and_loses_no_step(
     import shutil
     from pathlib import Path
 
-    import wrapper.sandbox
+    import jobwrap_dev.sandbox
 
-    payload = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+    payload = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
     cluster.write_user_file("train.py", payload.read_text())
     shutil.rmtree(cluster.work / "ckpt-wtsave", ignore_errors=True)
     steps = 40
@@ -96,9 +96,9 @@ def test_a_time_limit_lowered_while_the_job_runs_moves_the_save_and_requeue_befo
     import time
     from pathlib import Path
 
-    import wrapper.sandbox
+    import jobwrap_dev.sandbox
 
-    payload = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+    payload = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
     cluster.write_user_file("train.py", payload.read_text())
     shutil.rmtree(cluster.work / "ckpt-wtlower", ignore_errors=True)
     steps, new_limit = 80, 240  # the supervisor sees the new limit within ~15 s

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import psutil
 
-import wrapper.sandbox
+import jobwrap_dev.sandbox
+from jobwrap_dev.sandbox.cluster import Cluster
 from tests.support import poll
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import Cluster
 from wrapper.watch.files import pid_file
 
 STEPS = 40
 EXPECTED = STEPS * (STEPS + 1) // 2
-PAYLOAD = Path(wrapper.sandbox.__file__).parent / "toy_train.py"
+PAYLOAD = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
 
 
 def write_payload(cluster: Cluster) -> str:

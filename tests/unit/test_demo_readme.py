@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from wrapper.sandbox.demo import PARTS
+from jobwrap_dev.sandbox.demo import PARTS
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 TRY_IT = README[README.index("## Try it"):README.index("\n## ", README.index("## Try it") + 1)]

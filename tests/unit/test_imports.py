@@ -96,8 +96,20 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "wrapper.goodput", "wrapper.metrics", "wrapper.notify", "wrapper.loginguard"),
     # the entry points
     ("wrapper.hooks", "wrapper.cli", "wrapper.doctor", "wrapper.entry", "wrapper.install_lua",
-     "wrapper.sandbox", "wrapper.__main__"),
+     "wrapper.__main__"),
 )
+
+
+def test_the_shipped_package_needs_no_development_tool() -> None:
+    """The wheel holds ``wrapper`` alone (pyproject's find ``include``): no module of it may
+    import the sandbox or the docs generator (``jobwrap_dev``), lazily or not."""
+    import tomllib
+
+    found = [(mod, name) for mod, tree in modules() for name, _ in imports(tree)
+             if name == "jobwrap_dev" or name.startswith("jobwrap_dev.")]
+    assert found == []
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["wrapper*"]
 
 
 def layer_of(name: str) -> int | None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from wrapper.sandbox import containment
-from wrapper.sandbox.containment import ContainmentError, Host, plan, probe
+from jobwrap_dev.sandbox import containment
+from jobwrap_dev.sandbox.containment import ContainmentError, Host, plan, probe
 
 HYBRID = """tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
 cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0

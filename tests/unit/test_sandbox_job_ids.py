@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from wrapper.sandbox import cluster as cluster_mod
-from wrapper.sandbox.cluster import Cluster, Spec
+from jobwrap_dev.sandbox import cluster as cluster_mod
+from jobwrap_dev.sandbox.cluster import Cluster, Spec
 
 
 def test_each_sandbox_takes_the_next_block_of_job_ids(tmp_path: Path,

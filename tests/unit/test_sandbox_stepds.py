@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from wrapper.sandbox.cluster import Cluster, Spec
+from jobwrap_dev.sandbox.cluster import Cluster, Spec
 
 
 def test_a_slurmstepd_of_this_cluster_is_found_and_no_other(tmp_path: Path) -> None:

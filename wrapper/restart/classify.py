@@ -88,7 +88,7 @@ class Evidence:
     unchecked_elsewhere: tuple[str, ...] = ()
     output_tail: str = ""
     # An OOM kill root saw for this job (cgroup memory.events, the kernel log): what and
-    # where, from wrapper.restart.signals; "" when none was recorded.
+    # where, from wrapper.restart.oom; "" when none was recorded.
     oom_kill: str = ""
     job_id: str = ""  # to know slurmstepd's cancel line for this job in the output
     # Seconds that were left before Slurm's time limit when the attempt ended, when Slurm's

@@ -18,7 +18,7 @@ from wrapper import log
 from wrapper.errors import JobwrapError
 from wrapper.job import events as ev
 from wrapper.lean import dataclass
-from wrapper.restart import signals as outcome_signals
+from wrapper.restart import oom
 from wrapper.restart.classify import Evidence, reports_gpu_fault
 from wrapper.restart.policy import PastAttempt
 from wrapper.restart.resume import Found, Suspect
@@ -93,7 +93,7 @@ def gather(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
                         output_tail=tail, job_id=ctx.job_id,
                         requeued_before_limit_s=requeued_before_limit(
                             ctx.attempt, job, info, record, cfg, now=time.time()))
-    evidence = outcome_signals.with_signals(evidence, ctx.job_id)  # root's OOM-kill facts
+    evidence = oom.with_signals(evidence, ctx.job_id)  # root's OOM-kill facts
     history = [PastAttempt(e.attempt, e.kind, e.signature, e.checkpoint_step,
                            e.checkpoint_path)
                for e in store.history(ctx.attempt, events)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from jobwrap_dev.eventsdoc import render
 from wrapper.job import events as ev
-from wrapper.job.eventsdoc import render
 from wrapper.job.paths import JobPaths
 from wrapper.job.state import JobState
 from wrapper.job.store import JobStore

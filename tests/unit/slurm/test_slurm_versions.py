@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from jobwrap_dev.sandbox import flavor
 from wrapper.config import SlurmConfig
 from wrapper.runner import Runner
-from wrapper.sandbox import flavor
 from wrapper.slurm.commands import CliBackend
 from wrapper.slurm.context import from_env, known_info
 from wrapper.slurm.records import SlurmJob, node_lost
@@ -126,7 +126,7 @@ def test_a_job_requeued_once_then_failed(version: str) -> None:
     assert got["NodeList"] == "n1"
     # No --time on a MaxTime=INFINITE partition: UNLIMITED, except that a job the backfill
     # scheduler started has a year (backfill.c sets YEAR_MINUTES); on 23.11 the sandbox's
-    # jobs are started by backfill (wrapper/sandbox/flavor.py STALE_ERRNO_SCHEDULER).
+    # jobs are started by backfill (jobwrap_dev/sandbox/flavor.py STALE_ERRNO_SCHEDULER).
     assert got["TimeLimit"] == ("365-00:00:00" if version == "23.11" else "UNLIMITED")
     job = SlurmJob.of(got)
     assert (job.state, job.final_state, job.restarts, job.requeue_allowed) == \

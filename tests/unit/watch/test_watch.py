@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jobwrap_dev.sandbox import gpus
 from wrapper import config
 from wrapper.config import SlurmConfig
 from wrapper.job import events as ev
 from wrapper.restart.classify import Classification, Evidence
 from wrapper.restart.judge import Facts, overridden
 from wrapper.restart.remote import faults_elsewhere, gather
-from wrapper.sandbox import gpus
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.commands import CliBackend
 from wrapper.slurm.context import JobContext

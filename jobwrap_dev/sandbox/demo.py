@@ -1,4 +1,4 @@
-"""``jobwrap sandbox demo``: what jobwrap does, part by part, on the sandbox cluster.
+"""``python -m jobwrap_dev sandbox demo``: what jobwrap does, part by part, on the sandbox cluster.
 
 1. a bad GPU: its node drained with jobwrap's precise reason, the job runs on the other;
 2. staging: a dataset copied to the job's scratch, and a second job served by the cache;
@@ -25,11 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jobwrap_dev.sandbox.cluster import TERMINAL_STATES, Cluster
+from jobwrap_dev.sandbox.daemons import SandboxError
 from wrapper.job import events as ev
 from wrapper.job.state import JobState
 from wrapper.runner import Runner
-from wrapper.sandbox.cluster import TERMINAL_STATES, Cluster
-from wrapper.sandbox.daemons import SandboxError
 
 Echo = Callable[[str], None]
 PARTS = 6

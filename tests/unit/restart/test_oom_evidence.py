@@ -20,8 +20,8 @@ from wrapper.restart.classify import (
     classify,
     last_traceback,
 )
+from wrapper.restart.oom import cgroup_oom_kill, kernel_log_oom_kill, with_signals
 from wrapper.restart.policy import PastAttempt, decide
-from wrapper.restart.signals import cgroup_oom_kill, kernel_log_oom_kill, with_signals
 
 # rank 0's end after rank 1 was SIGKILLed (a real gloo run), then srun's own line.
 SURVIVOR = """\

@@ -1,4 +1,4 @@
-"""``jobwrap sandbox up|down|status|demo``."""
+"""``python -m jobwrap_dev sandbox up|down|status|demo`` (from a checkout)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from wrapper.sandbox.cluster import DEFAULT_BASE, RECORD, Cluster, Spec
+from jobwrap_dev.sandbox.cluster import DEFAULT_BASE, RECORD, Cluster, Spec
 
 _base = click.option("--base", type=click.Path(path_type=Path), default=DEFAULT_BASE,
                      show_default=True, help="Folder that holds the whole cluster.")
@@ -31,7 +31,8 @@ def up(base: Path) -> None:
     """Install what is missing, start the cluster, wait until its nodes are idle."""
     cluster = _cluster(base)
     cluster.up(log=click.echo)
-    click.echo(f"try: SLURM_CONF={cluster.conf} sinfo -N   (stop: jobwrap sandbox down)")
+    click.echo(f"try: SLURM_CONF={cluster.conf} sinfo -N   "
+               "(stop: python -m jobwrap_dev sandbox down)")
 
 
 @sandbox.command()
@@ -62,7 +63,7 @@ def status(base: Path) -> None:
 @click.option("--keep", is_flag=True, help="Leave the cluster running afterwards.")
 def demo(base: Path, keep: bool) -> None:
     """Bring the cluster up and show jobwrap at work in six labelled parts (README)."""
-    from wrapper.sandbox.demo import run_demo
+    from jobwrap_dev.sandbox.demo import run_demo
 
     cluster = _cluster(base)
     was_running = cluster.running()
@@ -72,7 +73,8 @@ def demo(base: Path, keep: bool) -> None:
     finally:
         if keep or was_running:
             click.echo(f"\ncluster still up: SLURM_CONF={cluster.conf} squeue; "
-                       "stop it with: jobwrap sandbox down")
+                       "stop it with: python -m jobwrap_dev sandbox down")
         else:
             cluster.down()
-            click.echo("\ncluster stopped (keep it with: jobwrap sandbox demo --keep)")
+            click.echo("\ncluster stopped "
+                       "(keep it with: python -m jobwrap_dev sandbox demo --keep)")

@@ -1,6 +1,6 @@
 """A real Slurm cluster on one machine: slurmctld and three slurmd, each node with 4 fake GPUs.
 
-It backs the end-to-end tests and ``jobwrap sandbox``. As root on Debian it installs
+It backs the end-to-end tests and ``python -m jobwrap_dev sandbox``. As root on Debian it installs
 Slurm and munge from Debian's packages when they are missing, writes a whole cluster
 configuration into one folder (used through ``SLURM_CONF``), installs this checkout
 into a runtime folder the job user can read, points Slurm's hooks at it, starts munge
@@ -26,11 +26,11 @@ from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
 
+from jobwrap_dev.sandbox import containment, flavor
+from jobwrap_dev.sandbox.containment import mode_from_env as containment_mode
+from jobwrap_dev.sandbox.daemons import Daemon, SandboxError, alive, daemon_of, terminate
 from wrapper.lean import dataclass
 from wrapper.runner import Runner
-from wrapper.sandbox import containment, flavor
-from wrapper.sandbox.containment import mode_from_env as containment_mode
-from wrapper.sandbox.daemons import Daemon, SandboxError, alive, daemon_of, terminate
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "python3-venv"]
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "scontrol", "munged"]
@@ -80,7 +80,7 @@ class Spec:
     cpus_per_node: int = 2
     # "" Debian's Slurm; else a built one's prefix (flavor.PREFIX_VARIABLE)
     slurm_prefix: str = field(default_factory=flavor.prefix_from_env)
-    accounting: bool = False  # slurmdbd + MariaDB (wrapper/sandbox/accounting.py)
+    accounting: bool = False  # slurmdbd + MariaDB (jobwrap_dev/sandbox/accounting.py)
     # "cgroup" (what sites run) or "none" (containment.VARIABLE)
     containment: str = field(default_factory=containment_mode)
     db_port: int = 16820
@@ -118,7 +118,7 @@ class Cluster:
     def set_gpu_faults(self, node: str, faults: dict[int, dict[str, Any]] | None = None
                        ) -> None:
         """Rewrite ``node``'s fake GPU inventory, healthy but for ``faults`` (minor -> fields)."""
-        from wrapper.sandbox import gpus
+        from jobwrap_dev.sandbox import gpus
 
         gpus.write(self.gpu_inventory(node), node, self.spec.gpus_per_node, faults)
 
@@ -178,7 +178,7 @@ class Cluster:
         log(f"sandbox up: {len(self.spec.nodes)} nodes idle; SLURM_CONF={self.conf}")
 
     def _accounting(self) -> Any:
-        from wrapper.sandbox.accounting import Accounting
+        from jobwrap_dev.sandbox.accounting import Accounting
 
         return Accounting(self.base, self.spec.db_port, self.spec.dbd_port, "jobwrap-sandbox",
                           self.spec.slurm_prefix)
@@ -353,7 +353,7 @@ class Cluster:
             "AccountingStorageType=accounting_storage/none\n"
         scheduler = ",".join(filter(None, ["nohold_on_prolog_fail", flavor.scheduler_workaround(
             spec.slurm_prefix, spec.accounting)]))
-        self.conf.write_text(f"""# written by jobwrap sandbox; a throwaway cluster on one host
+        self.conf.write_text(f"""# written by jobwrap's sandbox; a throwaway cluster on one host
 ClusterName=jobwrap-sandbox
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={spec.ctld_port}

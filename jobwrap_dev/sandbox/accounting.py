@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from jobwrap_dev.sandbox.daemons import Daemon, SandboxError, daemon_of
 from wrapper.runner import Runner
-from wrapper.sandbox.daemons import Daemon, SandboxError, daemon_of
 
 PROGRAMS = ("mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "sacctmgr")
 INSTALL_LOCK = Path("/tmp/jobwrap-sandbox-mariadb-install.lock")  # one install-db at a time
@@ -50,7 +50,7 @@ class Accounting:
                 "AccountingStoreFlags=job_comment\n")
 
     def start(self, env: dict[str, str]) -> list[Daemon]:
-        from wrapper.sandbox import flavor
+        from jobwrap_dev.sandbox import flavor
 
         slurmdbd = flavor.program(self.slurm_prefix, "slurmdbd")
         missing = [p for p in PROGRAMS if not shutil.which(p, path=env.get("PATH")) and
@@ -81,7 +81,7 @@ class Accounting:
                   f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
                   "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';FLUSH PRIVILEGES;")
         conf = self.base / "etc" / "slurmdbd.conf"
-        conf.write_text(f"""# written by jobwrap sandbox: this cluster's accounting
+        conf.write_text(f"""# written by jobwrap's sandbox: this cluster's accounting
 AuthType=auth/munge
 DbdHost=localhost
 DbdAddr=127.0.0.1
