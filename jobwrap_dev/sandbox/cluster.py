@@ -474,7 +474,7 @@ epilog_budget = 100
 
     def _start_daemons(self) -> None:
         for name in ["slurmctld", *(f"slurmd-{n}" for n in self.spec.nodes)]:
-            self.startdaemon_of(name)
+            self.start_daemon(name)
 
     def daemon_argv(self, name: str) -> list[str]:
         """How the sandbox runs its Slurm daemon ``name`` (``slurmctld``, ``slurmd-NODE``):
@@ -488,7 +488,7 @@ epilog_budget = 100
             return [flavor.program(prefix, "slurmd"), "-D", "-N", node, "-f", str(self.conf)]
         raise SandboxError(f"no Slurm daemon {name!r} in this sandbox")
 
-    def startdaemon_of(self, name: str) -> Daemon:
+    def start_daemon(self, name: str) -> Daemon:
         """Start the Slurm daemon ``name`` and record it (``down`` stops it); slurmctld is
         waited for until it answers."""
         out = open(self.base / "log" / f"{name}.stdout", "ab")  # noqa: SIM115 - the daemon's
@@ -505,7 +505,7 @@ epilog_budget = 100
             self._wait_ctld()
         return daemon
 
-    def stopdaemon_of(self, name: str, grace: float = 30) -> None:
+    def stop_daemon(self, name: str, grace: float = 30) -> None:
         """Stop the daemon ``name`` as ``systemctl stop`` does: SIGTERM, then wait for it
         to exit. One that is still there after ``grace`` seconds is killed and reported."""
         daemon = next((d for d in self.daemons if d.name == name), None)
