@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,13 +116,31 @@ def stage(area: Path, user: UserIds, source: Path, cache: Cache, job: str) -> Pa
 
 
 def test_space_is_reserved_in_blocks_so_small_files_do_not_overfill(
-        area: Path, user: UserIds, tmpfs: Tmpfs) -> None:
+        area: Path, user: UserIds, tmpfs: Tmpfs, monkeypatch: pytest.MonkeyPatch) -> None:
     # 400 one-byte files are 400 bytes, but 400 blocks on disk: more than this cache has.
     source = small_files(area / "shared" / "tiny", 400, 1)
     with tmpfs(area / "cache", "1m") as root:
         os.chmod(root, 0o700)
         cache = Cache(root, max_bytes=64 * MIB)
+        asked: list[tuple[int, bool]] = []
+        filled: list[str] = []
+        reserve, fill = cache.reserve, cache.fill
+
+        def spy_reserve(claim: Claim, need: int, files: int = 0) -> bool:
+            asked.append((need, reserve(claim, need, files)))
+            return asked[-1][1]
+
+        def spy_fill(claim: Claim, *args: Any, **kwargs: Any) -> Any:
+            filled.append(claim.key)
+            return fill(claim, *args, **kwargs)
+
+        monkeypatch.setattr(cache, "reserve", spy_reserve)
+        monkeypatch.setattr(cache, "fill", spy_fill)
         stage(area, user, source, cache, "701")
+        # refused up front, counting whole blocks (not 400 bytes), and never filled
+        [(need, granted)] = asked
+        assert need >= 400 * os.statvfs(root).f_bsize and not granted, asked
+        assert filled == []
         assert [e for e in cache.entries() if e.complete] == []
         assert os.listdir(root / "trash") == []
 

@@ -82,13 +82,20 @@ def test_summaries_round_trip_through_a_manifest() -> None:
 
 
 def test_the_users_events_cannot_forge_a_failed_prolog() -> None:
-    attempts = summarized([
-        {"ts": 1, "event": "prolog.context", "attempt": 0, "node": "n1", "source": "root"},
-        {"ts": 2, "event": "prolog.unhealthy", "attempt": 0, "node": "n1", "reason": "x",
-         "source": "user"},
-        {"ts": 3, "event": "directives.invalid", "attempt": 0, "error": "x", "source": "user"},
-    ])
-    assert attempts[0].incidents == []
+    def facts(source: str) -> list[dict[str, object]]:
+        return [
+            {"ts": 1, "event": "prolog.context", "attempt": 0, "node": "n1",
+             "source": "root"},
+            {"ts": 2, "event": "prolog.unhealthy", "attempt": 0, "node": "n1", "reason": "x",
+             "source": source},
+            {"ts": 3, "event": "directives.invalid", "attempt": 0, "error": "x",
+             "source": source},
+        ]
+
+    # the same facts recorded by root are told, so the user's are dropped for who wrote them
+    assert summarized(facts("root"))[0].incidents == [
+        "n1 failed its prolog health check: x", "bad #JOBWRAP directives: x"]
+    assert summarized(facts("user"))[0].incidents == []
 
 
 def test_user_events_annotate_root_attempts_and_never_create_one() -> None:

@@ -66,7 +66,7 @@ def test_an_interrupted_first_store_leaves_nothing_that_looks_complete(
     def boom(parts: list[dict[str, Any]]) -> dict[str, Any]:
         raise RuntimeError("the epilog died here")
 
-    with pytest.raises(RuntimeError), \
+    with pytest.raises(RuntimeError, match="the epilog died here"), \
             Writer(str(root), user.name, "8", "n1", Access(gid=user.gid)) as writer:
         writer.write_part(0, {"complete": True})
         writer.commit(boom)
@@ -108,7 +108,7 @@ def test_a_failed_merge_never_lists_a_part_that_is_not_there(user: UserIds, root
             raise RuntimeError("killed during the swap")
         return manifest_of(2000.0)(parts)
 
-    with pytest.raises(RuntimeError), \
+    with pytest.raises(RuntimeError, match="killed during the swap"), \
             Writer(str(root), user.name, "10", "n1", Access(gid=user.gid)) as writer:
         writer.write_part(0, {"complete": True})  # the same part again: a redo
         writer.commit(dies_after_dropping)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -49,11 +48,32 @@ def test_the_seam_picks_the_file_when_configured_else_the_gpu_probe(tmp_path: Pa
     assert isinstance(gpu_pid_source(Config()), ProbeGpuPids)
 
 
-def test_nvml_without_a_driver_finds_no_gpu_use() -> None:
-    pids = ProbeGpuPids(Config(), "login1")()
-    assert all(isinstance(p, int) for p in pids)
-    if not os.path.exists("/dev/nvidiactl"):
-        assert pids == set()  # no driver: no GPU anyone could be using here
+@pytest.mark.parametrize("code", ["DRIVER_NOT_LOADED", "LIBRARY_NOT_FOUND"])
+def test_nvml_without_a_driver_finds_no_gpu_use(monkeypatch: pytest.MonkeyPatch,
+                                                code: str) -> None:
+    # NVML's own answer on a login node without the driver, whatever this machine has
+    pynvml = pytest.importorskip("pynvml")
+    tries: list[int] = []
+
+    def init() -> None:
+        tries.append(1)
+        raise pynvml.NVMLError(getattr(pynvml, f"NVML_ERROR_{code}"))
+
+    monkeypatch.setattr(pynvml, "nvmlInit", init)
+    probe = ProbeGpuPids(Config(), "login1")
+    assert probe() == set()  # no driver: no GPU anyone could be using here
+    assert probe() == set() and tries == [1]  # and it is not asked again
+
+
+def test_nvml_that_fails_otherwise_is_a_probe_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    pynvml = pytest.importorskip("pynvml")
+
+    def init() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", init)
+    with pytest.raises(GpuProbeError, match="no permission to query the GPUs"):
+        ProbeGpuPids(Config(), "login1")()
 
 
 def test_the_fake_probe_reports_its_compute_processes(tmp_path: Path) -> None:
