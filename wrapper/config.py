@@ -102,8 +102,10 @@ class PathsConfig(Section):
 
 
 class LogConfig(Section):
-    file: str = _opt("/var/log/jobwrap/jobwrap.log", "JSON-lines log file; empty to log "
-                     "to stderr only. Hooks that run as the job user log to stderr.")
+    file: str = _opt("/var/log/jobwrap/jobwrap.log", "JSON-lines log file of root's hooks, "
+                     "release and node watcher; root makes its folder (0750) when missing, "
+                     "and logs to syslog when it cannot write it; empty to log to stderr "
+                     "only. Hooks that run as the job user log to stderr.")
     level: str = _opt("info", "Least severe level written.",
                       choices=("debug", "info", "warning", "error"))
     stderr_format: str = _opt("auto", "stderr form: console (coloured, for terminals), "

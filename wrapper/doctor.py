@@ -78,6 +78,7 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
     for name in ("state_dir", "scratch_root", "cache_root", "archive_root"):
         findings.append(check_folder(f"folder.{name}", Path(getattr(cfg.paths, name)),
                                      owner_uid))
+    findings.append(check_log(cfg, owner_uid))
     findings.append(_check_archive_access(cfg))
     findings.append(_check_gpu(cfg, node))
     slurm_version = ""
@@ -376,10 +377,10 @@ def _unsafe_ancestor(path: Path) -> tuple[str, str] | None:
     return None
 
 
-def check_folder(name: str, path: Path, owner_uid: int = 0) -> Finding:
+def check_folder(name: str, path: Path, owner_uid: int = 0, mode: int = 0o755) -> Finding:
     """One of jobwrap's folders: a real directory, owned by ``owner_uid``, writable by its
-    owner, and writable by nobody else."""
-    make = f"mkdir -p {path} && chown root:root {path} && chmod 0755 {path}"
+    owner, and writable by nobody else (``mode``: what the fix makes it)."""
+    make = f"mkdir -p {path} && chown root:root {path} && chmod {mode:04o} {path}"
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -408,6 +409,57 @@ def check_folder(name: str, path: Path, owner_uid: int = 0) -> Finding:
         return Finding(name, "warn", f"{path} is writable by group {info.st_gid} "
                        f"(mode {mode:04o})", f"chmod g-w {path}")
     return Finding(name, "pass", f"{path} (mode {mode:04o}, uid {info.st_uid})")
+
+
+def check_log(cfg: Config, owner_uid: int = 0) -> Finding:
+    """``[log] file``: where root's hooks, their release and the node watcher log (slurmd
+    keeps no hook's stderr). Its folder must be a real directory of root's that no one
+    else can write, or root logs to syslog instead (wrapper.log.open_log_file); a missing
+    one is made by the first hook that runs as root, when its own folder is root's."""
+    from wrapper.log import LOG_FOLDER_MODE
+
+    name = "log.folder"
+    if not cfg.log.file:
+        return Finding(name, "warn", "[log] file is empty: root's hooks log only to their "
+                       "stderr, which slurmd does not keep",
+                       'set [log] file = "/var/log/jobwrap/jobwrap.log"')
+    path = Path(os.path.abspath(cfg.log.file))
+    folder = path.parent
+    make = (f"mkdir -p {folder} && chown root:root {folder} && "
+            f"chmod {LOG_FOLDER_MODE:04o} {folder}")
+    if not os.path.lexists(folder):
+        parent = check_folder(name, folder.parent, owner_uid)
+        if parent.status == "fail":
+            return Finding(name, "fail", f"{folder} does not exist, and the hooks cannot make "
+                           f"it: {parent.detail}", make)
+        return Finding(name, "warn", f"{folder} does not exist yet: the first hook that runs "
+                       f"as root makes it (mode {LOG_FOLDER_MODE:04o}); until then nothing "
+                       f"is logged to {path}", make)
+    finding = check_folder(name, folder, owner_uid, LOG_FOLDER_MODE)
+    if finding.status == "fail":
+        return Finding(name, "fail", finding.detail + ": root's hooks log to syslog instead "
+                       f"of {path}", finding.fix)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return Finding(name, finding.status, f"{finding.detail}; {path} is made by the first "
+                       "hook", finding.fix)
+    except OSError as exc:
+        return Finding(name, "fail", f"cannot stat {path}: {exc.strerror}",
+                       f"ls -l {path}")
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        return Finding(name, "fail", f"{path} is {kind}: root's hooks log to syslog instead",
+                       f"rm {path}")
+    if info.st_uid != owner_uid:
+        return Finding(name, "fail", f"{path} is owned by uid {info.st_uid}, not {owner_uid}",
+                       f"chown root:root {path}")
+    if info.st_mode & 0o002:
+        return Finding(name, "fail", f"{path} is world-writable "
+                       f"(mode {stat.S_IMODE(info.st_mode):04o})", f"chmod o-w {path}")
+    if finding.status != "pass":
+        return finding
+    return Finding(name, "pass", f"{path} in {finding.detail}")
 
 
 def _check_archive_access(cfg: Config) -> Finding:

@@ -48,8 +48,9 @@ class _Sinks:
     """The end of the pipeline: renders each event once per sink and writes it there."""
 
     def __init__(self, file: TextIO | None, stderr: TextIO, stderr_format: str,
-                 max_bytes: int = 0) -> None:
+                 max_bytes: int = 0, to_syslog: bool = False) -> None:
         self.file = file
+        self.to_syslog = to_syslog  # the log file was wanted and cannot be written
         self.max_bytes = max_bytes  # 0: no cap
         self.size = os.fstat(file.fileno()).st_size if file is not None and max_bytes else 0
         self.stderr = stderr
@@ -74,6 +75,8 @@ class _Sinks:
             self.size += len(line)
             if self.max_bytes and self.size > self.max_bytes:
                 self.file = None  # capped: nothing more is written
+        if self.to_syslog:  # syslog adds jobwrap[PID] itself
+            _syslog(str(event.get("level", "info")), _logfmt(event).split(" ", 1)[1])
         if self.stderr_format == "json":
             line = json.dumps(event, default=str)
         elif self._console is not None:
@@ -85,6 +88,81 @@ class _Sinks:
             self.stderr.flush()
         except (OSError, ValueError):
             pass
+
+
+def _syslog(level: str, line: str) -> None:
+    """One line to syslog (journald reads /dev/log): where a root process logs when its
+    log file cannot be written, since slurmd keeps no hook's stderr."""
+    import syslog
+
+    priority = {"debug": syslog.LOG_DEBUG, "warning": syslog.LOG_WARNING,
+                "error": syslog.LOG_ERR, "critical": syslog.LOG_CRIT}.get(level, syslog.LOG_INFO)
+    syslog.openlog("jobwrap", syslog.LOG_PID, syslog.LOG_DAEMON)
+    syslog.syslog(priority, line)
+
+
+LOG_FOLDER_MODE = 0o750  # the folder root's processes make for [log] file when it is missing
+
+
+class LogFileError(OSError):
+    """The log file's folder is not one root may write into (one line, says why)."""
+
+
+def open_log_file(path: str) -> int:
+    """Open ``path`` for appending (0640), never through a symlink, and return its fd.
+
+    As root, the file's folder must be a real directory owned by root that others cannot
+    write (else a user who controls it could point root's appends at another file); a
+    folder that is missing is made (root's, LOG_FOLDER_MODE), when its own parent is
+    root's and not writable by others: /var/log/jobwrap on a node where nothing made it.
+    """
+    folder, name = os.path.split(os.path.abspath(path))
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    root = os.geteuid() == 0
+    try:
+        dir_fd = os.open(folder, flags)
+    except FileNotFoundError:
+        if not root:
+            raise
+        dir_fd = _make_folder(folder, flags)
+    except OSError:
+        if os.path.islink(folder):
+            raise LogFileError(f"its folder {folder} is a symlink; root writes its log only "
+                               "into a real directory") from None
+        raise
+    try:
+        if root:
+            info = os.fstat(dir_fd)
+            if info.st_uid != 0 or info.st_mode & 0o002:
+                raise LogFileError(f"its folder {folder} is "
+                                   + (f"owned by uid {info.st_uid}, not root"
+                                      if info.st_uid != 0 else "writable by others"))
+        return os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                       | os.O_CLOEXEC, 0o640, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _make_folder(folder: str, flags: int) -> int:
+    parent, base = os.path.split(folder)
+    parent_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(parent_fd)
+        if info.st_uid != 0 or info.st_mode & 0o002:
+            raise LogFileError(f"its folder {folder} is missing, and {parent} is not root's "
+                               "alone to make it in")
+        try:
+            os.mkdir(base, LOG_FOLDER_MODE, dir_fd=parent_fd)
+            made = True
+        except FileExistsError:
+            made = False  # another hook made it meanwhile: checked as any folder is
+        fd = os.open(base, flags, dir_fd=parent_fd)
+        if made:  # whatever the umask and the parent's group
+            os.fchown(fd, 0, 0)
+            os.fchmod(fd, LOG_FOLDER_MODE)
+        return fd
+    finally:
+        os.close(parent_fd)
 
 
 def _logfmt(event: MutableMapping[str, Any]) -> str:
@@ -176,15 +254,17 @@ def configure(*, file: str = "", level: str = "info", stderr_format: str = "auto
         sink_file = os.fdopen(file_fd, "a", encoding="utf-8")
     elif file:
         try:
-            fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o640)
-            sink_file = os.fdopen(fd, "a", encoding="utf-8")
+            sink_file = os.fdopen(open_log_file(file), "a", encoding="utf-8")
+        except LogFileError as exc:
+            problem = f"{file}: {exc}"
         except OSError as exc:
-            problem = f"{file}: {exc.strerror}"
-    _sinks = _Sinks(sink_file, err, stderr_format, max_bytes)
+            problem = f"{file}: {exc.strerror or exc}"
+    _sinks = _Sinks(sink_file, err, stderr_format, max_bytes, to_syslog=problem is not None)
     _min_level = _LEVELS.get(level, 20)
     if problem:
-        get().warning("log.file_unavailable", detail=problem)
+        get().warning("log.file_unavailable", detail=problem,
+                      action="logging to syslog (the journal) instead; `jobwrap doctor` "
+                             "says how to fix the log folder")
 
 
 def get(name: str = "jobwrap") -> Any:

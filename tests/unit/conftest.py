@@ -27,6 +27,27 @@ from wrapper.slurm.context import JobContext
 from wrapper.slurm.fake import FakeSlurm
 
 
+@pytest.fixture(autouse=True)
+def _no_log_on_the_host(monkeypatch: pytest.MonkeyPatch,
+                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A hook that falls back to the built-in config (a bad one given) logs to [log] file's
+    default, and as root makes its folder: here, in a folder of the test's, never the
+    host's /var/log/jobwrap; and a log file that cannot be written sends nothing to the
+    host's syslog (tests/unit/test_log.py checks what would go there)."""
+    from wrapper import log
+    from wrapper.config import LogConfig
+
+    real, default = log.open_log_file, LogConfig().file
+
+    def open_log_file(path: str) -> int:
+        if path == default:
+            path = str(tmp_path_factory.mktemp("default-log") / "jobwrap" / "jobwrap.log")
+        return real(path)
+
+    monkeypatch.setattr(log, "open_log_file", open_log_file)
+    monkeypatch.setattr(log, "_syslog", lambda level, line: None)
+
+
 @pytest.fixture
 def make_dataset() -> Callable[..., Path]:
     """Builds a dataset: ``make_dataset(root, big=3 << 20)``."""

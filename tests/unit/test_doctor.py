@@ -3,6 +3,7 @@ each fault fails (or warns) naming its fix."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -66,6 +67,10 @@ class Node:
     def folder(self, name: str) -> Path:
         return self.root / "var" / name
 
+    @property
+    def log_folder(self) -> Path:
+        return self.folder("log") / "jobwrap"
+
     def edit(self, path: Path, fn: Callable[[str], str]) -> None:
         path.write_text(fn(path.read_text()))
 
@@ -93,14 +98,18 @@ def node(tmp_path: Path) -> Node:
         _chmod(path, 0o755)
     (n.install / "jobwrap.env").write_text(f"JOBWRAP_BIN={JOBWRAP_BIN}\n"
                                            f"JOBWRAP_CONFIG={n.config}\n")
-    for name in ("state", "scratch", "cache", "archive"):
+    for name in ("state", "scratch", "cache", "archive", "log"):
         n.folder(name).mkdir(parents=True, mode=0o755)
         _chmod(n.folder(name), 0o755)
+    n.log_folder.mkdir(mode=0o750)
     n.config.write_text(f"""[paths]
 state_dir = "{n.folder('state')}"
 scratch_root = "{n.folder('scratch')}"
 cache_root = "{n.folder('cache')}"
 archive_root = "{n.folder('archive')}"
+
+[log]
+file = "{n.log_folder / 'jobwrap.log'}"
 
 [gpu]
 backend = "fake"
@@ -130,6 +139,9 @@ def test_a_good_install_passes(node: Node) -> None:
     assert findings["gpu.probe"].detail.startswith("fake: 4 GPU(s), driver 550.54.15")
     assert "jobwrap 0.1.0" in findings["versions"].detail
     assert findings["hooks.program"].detail.startswith(f"the hooks run {JOBWRAP_BIN}")
+    assert findings["log.folder"].detail == (
+        f"{node.log_folder} (mode 0750, uid {os.getuid()}); {node.log_folder}/jobwrap.log "
+        "is made by the first hook")
 
 
 def test_cli_exit_status_table_and_json(node: Node) -> None:
@@ -335,6 +347,70 @@ def test_a_folder_in_a_world_writable_parent(tmp_path: Path) -> None:
     assert finding.fix == f"chmod o-w {parent}"
     _chmod(parent, 0o1777)  # sticky, like /tmp: others cannot rename what is ours
     assert check_folder("folder.state_dir", parent / "state", os.getuid()).status == "pass"
+
+
+@pytest.mark.parametrize(("setup", "status", "phrase", "fix"), [
+    ("missing", "warn", "does not exist yet: the first hook that runs as root makes it "
+                        "(mode 0750)", "mkdir -p {folder} && chown root:root {folder} && "
+                                       "chmod 0750 {folder}"),
+    ("missing-in-an-open-folder", "fail", "does not exist, and the hooks cannot make it: "
+                                          "{parent} is world-writable",
+     "mkdir -p {folder} && chown root:root {folder} && chmod 0750 {folder}"),
+    ("symlink", "fail", "{folder} is a symlink: root's hooks log to syslog instead", "rm "),
+    ("file", "fail", "{folder} is not a directory", "rm "),
+    ("world-writable", "fail", "{folder} is world-writable (mode 0777)", "chmod o-w "),
+    ("someone-elses", "fail", "is owned by uid {uid}, not {other}", "chown root:root "),
+    ("log-symlink", "fail", "jobwrap.log is a symlink: root's hooks log to syslog instead",
+     "rm {folder}/jobwrap.log"),
+    ("log-world-writable", "fail", "jobwrap.log is world-writable (mode 0666)",
+     "chmod o-w {folder}/jobwrap.log"),
+    ("no-log-file", "warn", "[log] file is empty: root's hooks log only to their stderr, "
+                            "which slurmd does not keep", "set [log] file = "),
+])
+def test_the_log_folder(node: Node, setup: str, status: str, phrase: str, fix: str) -> None:
+    folder, parent, owner = node.log_folder, node.folder("log"), os.getuid()
+    log_file = folder / "jobwrap.log"
+    if setup.startswith("missing"):
+        folder.rmdir()
+        if setup == "missing-in-an-open-folder":
+            _chmod(parent, 0o777)
+    elif setup in ("symlink", "file"):
+        folder.rmdir()
+        if setup == "symlink":
+            folder.symlink_to(node.folder("archive"))
+        else:
+            folder.write_text("")
+    elif setup == "world-writable":
+        _chmod(folder, 0o777)
+    elif setup == "someone-elses":
+        owner += 1
+    elif setup == "log-symlink":
+        log_file.symlink_to(node.folder("archive") / "x")
+    elif setup == "log-world-writable":
+        log_file.write_text("")
+        _chmod(log_file, 0o666)
+    elif setup == "no-log-file":
+        node.edit(node.config, lambda text: text.replace(f'file = "{log_file}"', 'file = ""'))
+    finding = node.diagnose(owner)["log.folder"]
+    values = {"folder": folder, "parent": parent, "uid": os.getuid(), "other": owner}
+    assert finding.status == status, finding
+    assert phrase.format(**values) in finding.detail, finding
+    assert finding.fix.startswith(fix.format(**values)), finding
+    if setup == "missing":
+        assert not _failed(node.diagnose())  # a node no job has run on yet is fine
+
+
+def test_the_log_folder_the_hooks_make_passes(node: Node) -> None:
+    from wrapper import log
+
+    node.log_folder.rmdir()
+    log.configure(file=str(node.log_folder / "jobwrap.log"), stderr_format="json",
+                  stderr=io.StringIO())
+    log.get().info("hello")
+    finding = node.diagnose()["log.folder"]
+    assert finding.status == "pass", finding
+    assert finding.detail.startswith(f"{node.log_folder}/jobwrap.log in {node.log_folder} "
+                                     "(mode 0750")
 
 
 def test_gpu_probe_failures(node: Node) -> None:

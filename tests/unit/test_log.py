@@ -3,7 +3,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 from pathlib import Path
+
+import pytest
 
 from wrapper import log
 
@@ -24,12 +27,88 @@ def test_json_file_and_logfmt_stderr(tmp_path: Path) -> None:
     assert 'note="two words"' in line and "exit_code=3" in line and "node=n2" in line
 
 
-def test_unwritable_log_file_falls_back_to_stderr(tmp_path: Path) -> None:
+@pytest.fixture
+def syslogged(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """What would have gone to syslog: (level, logfmt line)."""
+    lines: list[tuple[str, str]] = []
+    monkeypatch.setattr(log, "_syslog", lambda level, line: lines.append((level, line)))
+    return lines
+
+
+def test_unwritable_log_file_falls_back_to_stderr_and_syslog(
+        tmp_path: Path, syslogged: list[tuple[str, str]]) -> None:
+    (tmp_path / "a-file").write_text("")  # its "folder" cannot be made by anyone
     err = io.StringIO()
-    log.configure(file=str(tmp_path / "missing" / "j.log"), stderr_format="json", stderr=err)
+    log.configure(file=str(tmp_path / "a-file" / "missing" / "j.log"), stderr_format="json",
+                  stderr=err)
     log.get().info("still.here")
-    events = [json.loads(x)["event"] for x in err.getvalue().splitlines()]
-    assert events == ["log.file_unavailable", "still.here"]
+    records = [json.loads(x) for x in err.getvalue().splitlines()]
+    assert [r["event"] for r in records] == ["log.file_unavailable", "still.here"]
+    assert "Not a directory" in records[0]["detail"]
+    assert "logging to syslog" in records[0]["action"]
+    assert [level for level, _ in syslogged] == ["warning", "info"]
+    assert syslogged[0][1].startswith("warning: log.file_unavailable detail=")
+    assert syslogged[1][1] == "info: still.here"  # syslog prefixes jobwrap[PID] itself
+
+
+def test_a_writable_log_file_sends_nothing_to_syslog(
+        tmp_path: Path, syslogged: list[tuple[str, str]]) -> None:
+    log.configure(file=str(tmp_path / "j.log"), stderr_format="json", stderr=io.StringIO())
+    log.get().info("here")
+    assert syslogged == [] and "here" in (tmp_path / "j.log").read_text()
+
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="root's hooks make the folder")
+
+
+@root_only
+def test_root_makes_a_missing_log_folder_of_its_own(tmp_path: Path,
+                                                    syslogged: list[tuple[str, str]]) -> None:
+    old = os.umask(0o077)  # whatever the umask, the folder is 0750
+    try:
+        log.configure(file=str(tmp_path / "jobwrap" / "jobwrap.log"), stderr_format="json",
+                      stderr=io.StringIO())
+    finally:
+        os.umask(old)
+    log.get().info("first.line")
+    folder = (tmp_path / "jobwrap").lstat()
+    assert stat.S_ISDIR(folder.st_mode) and stat.S_IMODE(folder.st_mode) == log.LOG_FOLDER_MODE
+    assert (folder.st_uid, folder.st_gid) == (0, 0)
+    assert not (tmp_path / "jobwrap" / "jobwrap.log").stat().st_mode & 0o007
+    assert "first.line" in (tmp_path / "jobwrap" / "jobwrap.log").read_text()
+    assert syslogged == []
+
+
+@root_only
+@pytest.mark.parametrize(("setup", "phrase"), [
+    ("symlink", "is a symlink"),
+    ("not-root", "owned by uid 4242, not root"),
+    ("world-writable", "writable by others"),
+    ("missing-in-open-parent", "is missing, and"),
+])
+def test_root_writes_no_log_into_a_folder_others_control(
+        tmp_path: Path, syslogged: list[tuple[str, str]], setup: str, phrase: str) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder = tmp_path / "jobwrap"
+    if setup == "symlink":
+        folder.symlink_to(elsewhere)
+    elif setup == "missing-in-open-parent":
+        os.chmod(tmp_path, 0o777)  # noqa: S103 - the fault under test
+    else:
+        folder.mkdir()
+        if setup == "not-root":
+            os.chown(folder, 4242, 4242)
+        else:
+            os.chmod(folder, 0o777)  # noqa: S103 - the fault under test
+    err = io.StringIO()
+    log.configure(file=str(folder / "jobwrap.log"), stderr_format="json", stderr=err)
+    [record] = [json.loads(x) for x in err.getvalue().splitlines()]
+    assert record["event"] == "log.file_unavailable" and phrase in record["detail"], record
+    assert [level for level, _ in syslogged] == ["warning"]
+    assert not (folder / "jobwrap.log").exists() and list(elsewhere.iterdir()) == []
+    if setup == "missing-in-open-parent":
+        assert not folder.exists()
 
 
 def test_console_form(tmp_path: Path) -> None:

@@ -78,11 +78,18 @@ def test_a_hook_with_a_broken_config_still_says_so(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[paths\n")
     env = {"JOBWRAP_CONFIG": str(bad), "PATH": "/usr/bin:/bin"}  # by hand: not under Slurm
-    res = subprocess.run([sys.executable, "-m", "wrapper", "prolog"], env=env,
+    # `python -m wrapper prolog`, its built-in [log] file (which root's hooks make) moved
+    # into this test's folder: the host's /var/log/jobwrap is not the test's to make
+    moved = ("import runpy, sys; from wrapper import log; real = log.open_log_file; "
+             f"log.open_log_file = lambda path: real({str(tmp_path / 'jobwrap.log')!r}); "
+             "sys.argv = ['wrapper', 'prolog']; runpy.run_module('wrapper', "
+             "run_name='__main__', alter_sys=True)")
+    res = subprocess.run([sys.executable, "-c", moved], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 2
     assert "invalid configuration" in res.stderr and str(bad) in res.stderr
     assert "Traceback" not in res.stderr
+    assert '"event": "hook.failed"' in (tmp_path / "jobwrap.log").read_text()
 
 
 @pytest.mark.parametrize("argv", [["prolog", "--help"], ["--help"], ["-v", "prolog"],

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +44,22 @@ def test_every_log_event_carries_hook_job_node_attempt(site: dict[str, Path]) ->
         assert (line["hook"], line["job_id"], line["node"], line["attempt"]) == \
             ("prolog", "31", "n1", 1)
         assert "timestamp" in line and "level" in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's hooks make the log folder")
+def test_the_prolog_makes_a_missing_log_folder(site: dict[str, Path]) -> None:
+    """On a node where nothing made /var/log/jobwrap, the first hook makes it (root's,
+    0750) and logs there, rather than only to a stderr slurmd does not keep."""
+    log_file = site["config"].parent / "log" / "jobwrap" / "jobwrap.log"
+    site["config"].write_text(site["config"].read_text().replace(str(site["log"]),
+                                                                 str(log_file)))
+    (site["config"].parent / "log").mkdir(mode=0o755)
+    assert run_hook("prolog", config_path=str(site["config"]), env=slurm_env("prolog")) == 0
+    folder = log_file.parent.lstat()
+    assert stat.S_ISDIR(folder.st_mode) and stat.S_IMODE(folder.st_mode) == 0o750
+    assert folder.st_uid == 0
+    events = [json.loads(x)["event"] for x in log_file.read_text().splitlines()]
+    assert "log.file_unavailable" not in events and events, events
 
 
 def test_task_prolog_exports(site: dict[str, Path]) -> None:
