@@ -22,7 +22,7 @@ class _Group(click.Group):
                                       "login-guard": "wrapper.loginguard.cli:login_guard",
                                       "check": "wrapper.gpu.cli:check",
                                       "doctor": "wrapper.doctor:doctor",
-                                      "install-lua": "wrapper.install_lua:install_lua",
+                                      "install-lua": "wrapper.submit.lua:install_lua",
                                       "archive": "wrapper.archive.cli:archive",
                                       "status": "wrapper.goodput.cli:status",
                                       "report": "wrapper.goodput.cli:report"}
@@ -128,8 +128,9 @@ def run_command(words: tuple[str, ...]) -> None:
     OPTIONS are the #JOBWRAP directives' (--checkpoint-dir, --max-restarts,
     --hang-timeout, --checkpoint-glob, --checkpoint-marker, --no-requeue).
     """
-    from wrapper import config, directives, log
+    from wrapper import config, log
     from wrapper.restart.runloop import run
+    from wrapper.submit import directives
 
     option_words, command = directives.split_run_args(list(words))
     if not command:

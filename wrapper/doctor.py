@@ -27,7 +27,7 @@ import click
 from wrapper import __version__
 from wrapper.config import Config
 from wrapper.errors import EXIT_OK, EXIT_UNHEALTHY, CommandError, CommandTimeout
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.runner import Runner
 from wrapper.slurm.conf import DEFAULT_SLURM_CONF, SlurmConf, parse_slurm_conf
 

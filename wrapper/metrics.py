@@ -44,7 +44,7 @@ from pathlib import Path
 
 from wrapper.config import MetricsConfig
 from wrapper.errors import JobwrapError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 Labels = tuple[tuple[str, str], ...]
 TYPES = ("counter", "gauge", "untyped")

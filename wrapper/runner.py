@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from wrapper.errors import CommandError, CommandTimeout
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 from jobwrap_dev.sandbox import containment, flavor
 from jobwrap_dev.sandbox.containment import mode_from_env as containment_mode
 from jobwrap_dev.sandbox.daemons import Daemon, SandboxError, alive, daemon_of, terminate
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.runner import Runner
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "python3-venv"]
@@ -440,7 +440,7 @@ epilog_budget = 100
             os.chmod(path, 0o644)
         # jobwrap's submit-time checks, beside slurm.conf where slurmctld looks for them
         from wrapper import config
-        from wrapper.install_lua import SiteDefaults, install, render
+        from wrapper.submit.lua import SiteDefaults, install, render
 
         cfg = config.load(str(self.jobwrap_config))
         install(b / "etc", render(SiteDefaults.from_config(cfg), str(self.jobwrap_config)))

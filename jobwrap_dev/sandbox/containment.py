@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from wrapper.errors import JobwrapError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 VARIABLE = "JOBWRAP_SANDBOX_CONTAINMENT"
 MODES = ("cgroup", "none")

@@ -8,7 +8,7 @@ is signalled only while that pid is still the process it started, never a reused
 from __future__ import annotations
 
 from wrapper.errors import JobwrapError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 
 class SandboxError(JobwrapError):

@@ -27,7 +27,6 @@ from pathlib import Path
 import pytest
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.directives import JobOptions
 from wrapper.job import events as ev
 from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
@@ -35,6 +34,7 @@ from wrapper.job.store import JobStore
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds
 from wrapper.restart.resume import Found, choose, latest_as
+from wrapper.submit.directives import JobOptions
 
 SECRET = "ROOT-ONLY-7c1e9a"  # what root keeps where the user may not look
 TIMEOUT = 10.0  # choose()'s own default

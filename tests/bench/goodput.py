@@ -123,7 +123,7 @@ def batch_wrapped(cluster: Cluster) -> Iterator[None]:
     from dataclasses import replace
 
     from wrapper import config
-    from wrapper.install_lua import SiteDefaults, install, render
+    from wrapper.submit.lua import SiteDefaults, install, render
 
     etc = cluster.conf.parent
     site = SiteDefaults.from_config(config.load(str(cluster.jobwrap_config)))

@@ -21,11 +21,11 @@ import pytest
 import jobwrap_dev.sandbox
 from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper import config
-from wrapper.install_lua import SiteDefaults, install, render
 from wrapper.job.state import JobState
 from wrapper.restart.batch import MARK
 from wrapper.runner import Runner
 from wrapper.slurm.parse import expand_hostlist
+from wrapper.submit.lua import SiteDefaults, install, render
 
 STEPS = 14
 EXPECTED = STEPS * (STEPS + 1) // 2

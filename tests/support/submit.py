@@ -1,5 +1,5 @@
 """Helpers of the submit tests that are not set-up: the verdict on a batch script's
-directives from each side, wrapper/directives.py (plus wrapper/staging/spec.py for the
+directives from each side, wrapper/submit/directives.py (plus wrapper/staging/spec.py for the
 stage specs, as the prolog applies them) and job_submit.lua under a real Lua."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 
 from tests.fixtures.lua import luarun
-from wrapper import directives
-from wrapper.directives import parse_script
 from wrapper.errors import UserInputError
 from wrapper.staging import spec
+from wrapper.submit import directives
+from wrapper.submit.directives import parse_script
 
 _original_convert = directives._convert
 
 
 def _convert_with_stage_rules(option: directives.Option, value: str, where: str) -> Any:
-    """wrapper.directives._convert plus the stage spec rules the prolog applies
+    """wrapper.submit.directives._convert plus the stage spec rules the prolog applies
     (wrapper/staging/spec.py), as job_submit.lua applies them at submit time."""
     converted = _original_convert(option, value, where)
     if option.kind == "spec":

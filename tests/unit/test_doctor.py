@@ -26,7 +26,7 @@ from wrapper.doctor import (
     parse_slurm_conf,
     render_table,
 )
-from wrapper.install_lua import SiteDefaults, render
+from wrapper.submit.lua import SiteDefaults, render
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

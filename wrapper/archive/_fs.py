@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from wrapper.errors import JobwrapError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.osl import dirs, files
 from wrapper.osl.dirs import entries, exists
 from wrapper.osl.files import acl_bytes

@@ -38,10 +38,10 @@ from wrapper.archive.patterns import PatternValues, candidates
 from wrapper.archive.store import Writer
 from wrapper.config import ArchiveConfig, Config
 from wrapper.errors import JobwrapError
+from wrapper.fastdataclass import dataclass
 from wrapper.job import events as ev
 from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
-from wrapper.lean import dataclass
 from wrapper.osl.users import UserIds
 
 MIB = 1 << 20

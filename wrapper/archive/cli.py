@@ -25,8 +25,8 @@ from wrapper.archive import status as status_mod
 from wrapper.archive import store
 from wrapper.config import Config
 from wrapper.errors import FormatTooNew, JobwrapError, UserInputError
+from wrapper.fastdataclass import dataclass
 from wrapper.job.store import JobStore
-from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.archive.index import Index
@@ -235,7 +235,7 @@ def _archived_manifest(root: str, job_id: str, index: Index | None) -> dict[str,
 # -- helpers -------------------------------------------------------------------------------
 def parse_since(text: str, now: float) -> float:
     """``--since``: an ISO date or date-time (local time), or a duration back from ``now``."""
-    from wrapper.directives import parse_duration
+    from wrapper.submit.directives import parse_duration
 
     try:
         return datetime.fromisoformat(text).timestamp()

@@ -39,9 +39,9 @@ from typing import Any
 
 from wrapper.archive._fs import Access, create_file
 from wrapper.errors import JobwrapError
+from wrapper.fastdataclass import dataclass
 from wrapper.job.paths import SUPERVISOR_LOG
 from wrapper.job.state import JobState
-from wrapper.lean import dataclass
 from wrapper.osl import jsontext
 from wrapper.osl.child import call_as
 from wrapper.osl.users import UserIds

@@ -65,7 +65,7 @@ from wrapper.archive.manifest import MANIFEST
 from wrapper.archive.spool import FOLDER, PASSABLE, PRIVATE, SCHEMA, SPOOL, record_of
 from wrapper.archive.store import scan
 from wrapper.errors import FormatTooNew
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 if TYPE_CHECKING:
     import sqlite3

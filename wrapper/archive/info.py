@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict, field
 from typing import Any
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 
 @dataclass(frozen=True)

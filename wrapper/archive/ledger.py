@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 if TYPE_CHECKING:
     from wrapper.archive.status import AttemptSummary

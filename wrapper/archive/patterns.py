@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 NO_VAL = 4294967294  # what Slurm prints for %a outside a job array
 _FIELDS = frozenset("AabjJNnstux")

@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, field, fields
 from typing import TYPE_CHECKING, Any
 
+from wrapper.fastdataclass import dataclass
 from wrapper.job import events as ev
-from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.job.store import JobStore

@@ -61,7 +61,7 @@ from wrapper.archive.info import ArchiveInfo, info_of
 from wrapper.archive.manifest import MANIFEST, SCHEMA_VERSION
 from wrapper.archive.spool import spool
 from wrapper.errors import format_of
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.osl import dirs
 
 PART = "part.json"

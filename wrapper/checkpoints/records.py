@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 
 @dataclass(frozen=True)

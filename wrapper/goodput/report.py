@@ -23,7 +23,7 @@ from dataclasses import asdict, field
 from typing import TYPE_CHECKING, Any
 
 from wrapper.archive.ledger import NOT_A_FAILURE, RUNNING_CLASS, Ledger
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 if TYPE_CHECKING:
     from wrapper.archive.index import Index

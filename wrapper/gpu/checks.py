@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from wrapper.fastdataclass import dataclass
 from wrapper.gpu import xid as xid_table
 from wrapper.gpu.probe import GpuReading
-from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config

@@ -32,6 +32,7 @@ import json
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
+from wrapper.fastdataclass import dataclass
 from wrapper.gpu.probe import (
     HEALTH_FIELDS,
     IDENTITY_FIELDS,
@@ -41,7 +42,6 @@ from wrapper.gpu.probe import (
     field_kind,
     normalise_pci_bus_id,
 )
-from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import GpuConfig

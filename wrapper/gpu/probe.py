@@ -15,7 +15,7 @@ from collections.abc import Collection
 from typing import Any, Literal, Protocol
 
 from wrapper.errors import EXIT_BROKEN, EXIT_UNHEALTHY, JobwrapError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 # What went wrong when a probe could not answer; it decides who is to blame:
 #   broken     jobwrap or its config (pynvml missing, no permission, a bad inventory)

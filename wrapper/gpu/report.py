@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from wrapper.fastdataclass import dataclass
+
 # Importing the modules registers their checks, in the order they appear in a report.
 from wrapper.gpu import checks as _checks
 from wrapper.gpu import versions as _versions
@@ -37,7 +39,6 @@ from wrapper.gpu.checks import (
     worst,
 )
 from wrapper.gpu.probe import GpuReading, Probe, ProbeError
-from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config

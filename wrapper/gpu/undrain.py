@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.slurm.commands import DRAIN_PREFIX
 
 _DRAIN_FLAGS = {"DRAIN", "DRAINED", "DRAINING"}

@@ -15,8 +15,8 @@ import re
 from typing import TYPE_CHECKING
 
 from wrapper.errors import CommandError
+from wrapper.fastdataclass import dataclass
 from wrapper.gpu.checks import CheckInput, CheckResult, node_result, register
-from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Literal
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 XidAction = Literal["drain", "warn", "app", "ignore"]
 

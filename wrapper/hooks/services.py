@@ -9,7 +9,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING
 
 from wrapper.config import Config
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 if TYPE_CHECKING:
     from wrapper.gpu.probe import Probe

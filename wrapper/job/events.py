@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
 from typing import Any, ClassVar, TypeVar
 
-from wrapper.lean import dataclass  # ~45 kinds: no generated code (see wrapper.lean)
+from wrapper.fastdataclass import (
+    dataclass,  # ~45 kinds: no generated code (see wrapper.fastdataclass)
+)
 
 REGISTRY: dict[str, type[Event]] = {}
 E = TypeVar("E", bound="Event")

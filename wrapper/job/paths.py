@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config

@@ -13,15 +13,15 @@ from collections.abc import Callable
 from dataclasses import asdict, field, replace
 from typing import TYPE_CHECKING, Any
 
-from wrapper.directives import JobOptions, parse_script
 from wrapper.errors import JobwrapError, UserInputError, format_of
+from wrapper.fastdataclass import dataclass
 from wrapper.job.paths import RECORD as RECORD
 from wrapper.job.state import JobState
-from wrapper.lean import dataclass
 from wrapper.slurm import SlurmBackend
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.parse import asks_signal
 from wrapper.slurm.records import slurm_timestamp, time_limit_seconds
+from wrapper.submit.directives import JobOptions, allowed_restarts, parse_script
 
 if TYPE_CHECKING:
     from wrapper.config import Config
@@ -88,17 +88,6 @@ def site_options(options: JobOptions, cfg: Config) -> JobOptions:
         options, max_restarts=allowed_restarts(options, cfg),
         hang_timeout=options.hang_timeout if options.hang_timeout is not None
         else (cfg.supervisor.hang_timeout or None))
-
-
-def allowed_restarts(options: JobOptions, cfg: Config) -> int:
-    """The restarts the job gets: its --max-restarts, or ``[restart] max_restarts``, and
-    never more than ``[restart] max_restarts_limit`` (job_submit.lua refuses more at
-    submit, but a job's directives can be rewritten after it: ``scontrol update
-    Extra=``)."""
-    asked = options.max_restarts if options.max_restarts is not None \
-        else cfg.restart.max_restarts
-    limit = cfg.restart.max_restarts_limit
-    return min(asked, limit) if limit >= 0 else asked
 
 
 def merged_options(given: JobOptions, record: JobRecord | None, cfg: Config) -> JobOptions:

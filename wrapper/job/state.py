@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wrapper.errors import FormatTooNew, StateError, format_of
+from wrapper.fastdataclass import dataclass
 from wrapper.job.paths import EVENTS, JOB_ID, JobPaths
 from wrapper.job.paths import USER_EVENTS as USER_EVENTS
-from wrapper.lean import dataclass
 from wrapper.osl import files, jsontext
 
 if TYPE_CHECKING:

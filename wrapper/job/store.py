@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from wrapper.fastdataclass import dataclass
 from wrapper.job import events as ev
 from wrapper.job.paths import BATCH_SCRIPT, JobPaths
-from wrapper.lean import dataclass
 
 if TYPE_CHECKING:
     from wrapper.config import Config

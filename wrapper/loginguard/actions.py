@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from wrapper.errors import CommandError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.loginguard.rules import Finding, ProcRef
 from wrapper.loginguard.state import ActionRecord, PendingKill, Reniced, Throttle
 from wrapper.runner import Runner

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 
 class GpuProbeError(JobwrapError):

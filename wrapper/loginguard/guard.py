@@ -25,7 +25,7 @@ import psutil
 
 from wrapper import log as jlog
 from wrapper.config import Config
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.loginguard.actions import Actions
 from wrapper.loginguard.gpu import GpuPidSource, GpuProbeError, gpu_pid_source
 from wrapper.loginguard.rules import TITLES, Finding, Policy, ProcRef, evaluate

@@ -17,7 +17,7 @@ from dataclasses import field
 
 from wrapper.config import LoginGuardConfig
 from wrapper.errors import ConfigError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 KINDS = ("cpu", "memory", "gpu", "ai")
 STEPS = ("warn", "throttle", "terminate")

@@ -46,7 +46,7 @@ from dataclasses import field
 
 import psutil
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.loginguard.rules import Policy, ProcessSample, Snapshot, is_python
 from wrapper.loginguard.trust import ENVIRON_MAX, Trust
 

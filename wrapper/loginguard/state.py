@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from wrapper.errors import StateError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 STATE_FILE = "state.json"
 LOCK_FILE = "guard.lock"

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import field
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.osl.files import owned_alone
 
 # A folder's or file's ownership rarely changes; look again at least this often.

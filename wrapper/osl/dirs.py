@@ -25,7 +25,7 @@ from dataclasses import field
 from pathlib import Path
 
 from wrapper.errors import UserInputError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FOLLOWING = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC

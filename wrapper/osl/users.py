@@ -6,7 +6,7 @@ import os
 import pwd
 
 from wrapper.errors import JobwrapError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 _PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from wrapper.fastdataclass import dataclass
 from wrapper.job import events as ev
-from wrapper.lean import dataclass
 from wrapper.restart.classify import Classification
 from wrapper.restart.policy import Decision
 
@@ -49,11 +49,11 @@ def decide(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
 
     ``gpu_check_failed``: root's post-job check on this node failed; ``gpu_checked``: it
     ran (else a reported GPU fault is confirmed by a probe of root's own here)."""
-    from wrapper.job.record import allowed_restarts
     from wrapper.osl.users import UserIds
     from wrapper.restart import evidence, remote
     from wrapper.restart.classify import classify
     from wrapper.restart.judge import Facts, judge
+    from wrapper.submit.directives import allowed_restarts
 
     user = UserIds.of(record.uid, record.gid)
     gathered = evidence.gather(ctx, cfg, store, record, backend, user,

@@ -17,8 +17,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import field, replace
 
+from wrapper.fastdataclass import dataclass
 from wrapper.job.events import GpuFault, Hang, HangInPlace
-from wrapper.lean import dataclass
 
 # Classes, and whether a retry can help at all (the policy decides whether it will).
 SUCCESS = "success"

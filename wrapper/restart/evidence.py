@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from wrapper import log
 from wrapper.errors import JobwrapError
+from wrapper.fastdataclass import dataclass
 from wrapper.job import events as ev
-from wrapper.lean import dataclass
 from wrapper.restart import oom
 from wrapper.restart.classify import Evidence, reports_gpu_fault
 from wrapper.restart.policy import PastAttempt

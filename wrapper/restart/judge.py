@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field, replace
 from typing import TYPE_CHECKING
 
+from wrapper.fastdataclass import dataclass
 from wrapper.job import events as ev
-from wrapper.lean import dataclass
 from wrapper.restart.classify import (
     HANG,
     HARDWARE,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import field
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.restart.classify import (
     CANCELLED,
     CLAIMED_SKIP,

@@ -17,15 +17,15 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 if TYPE_CHECKING:
     from wrapper.checkpoints import Checkpoint
-    from wrapper.directives import JobOptions
     from wrapper.job.events import CheckpointSuspect
     from wrapper.job.record import JobRecord
     from wrapper.job.store import JobStore
     from wrapper.osl.users import UserIds
+    from wrapper.submit.directives import JobOptions
 
 ATTEMPT = "JOBWRAP_ATTEMPT"
 SCRATCH = "JOBWRAP_SCRATCH"
@@ -155,7 +155,7 @@ def latest_as(user: UserIds, directory: str | None, options: JobOptions, *,
 def _latest_plain(directory: str, glob: str | None, marker: str | None,
                   suspects: list[dict[str, Any]]) -> dict[str, Any] | None:
     """In the user's child: plain data in and out across its pipe."""
-    from wrapper.directives import JobOptions
+    from wrapper.submit.directives import JobOptions
 
     found = latest(directory, JobOptions(checkpoint_glob=glob, checkpoint_marker=marker),
                    suspects=[Suspect(**s) for s in suspects])

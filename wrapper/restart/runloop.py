@@ -30,10 +30,8 @@ from typing import IO, TYPE_CHECKING
 
 from wrapper import log
 from wrapper.config import Config
-from wrapper.directives import JobOptions
+from wrapper.fastdataclass import dataclass
 from wrapper.job import events as ev
-from wrapper.job.record import allowed_restarts
-from wrapper.lean import dataclass
 from wrapper.restart import resume as resume_mod
 from wrapper.restart.classify import (
     HANG,
@@ -51,6 +49,7 @@ from wrapper.restart.spares import (
     record_claim,
     working_before,
 )
+from wrapper.submit.directives import JobOptions, allowed_restarts
 
 if TYPE_CHECKING:
     pass

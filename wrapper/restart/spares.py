@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from wrapper import log
 from wrapper.config import Config
-from wrapper.directives import JobOptions
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
+from wrapper.submit.directives import JobOptions
 
 if TYPE_CHECKING:
     from wrapper.job.events import Event

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import field
 from pathlib import Path
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 # Lines that declare things (nodes, partitions) rather than set the cluster's parameters.

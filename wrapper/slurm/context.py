@@ -8,7 +8,7 @@ from dataclasses import asdict, field
 from typing import Any
 
 from wrapper.errors import NotUnderSlurm
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.slurm.parse import expand_hostlist, parse_exit_pair, parse_index_list
 
 HOOKS = ("prolog", "epilog", "task-prolog")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import field
 
 from wrapper.errors import SlurmError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 
 @dataclass

@@ -45,7 +45,7 @@ from datetime import datetime
 from typing import Any
 
 from wrapper.errors import SlurmError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.slurm.parse import parse_exit_pair
 
 HEAD_KEYS = ("ArrayJobId", "ArrayTaskId", "ArrayTaskThrottle", "HetJobId", "HetJobOffset",
@@ -186,7 +186,7 @@ def limit_text(minutes: int | None) -> str:
 def time_limit_seconds(text: str) -> float | None:
     """Slurm's TimeLimit (``UNLIMITED``, ``30:00``, ``1-02:00:00``) in seconds; None when
     unlimited or unreadable (limit_text's inverse)."""
-    from wrapper.directives import parse_duration
+    from wrapper.submit.directives import parse_duration
 
     text = text.strip()
     if not text or text.upper() in ("UNLIMITED", "INFINITE", "NONE", "PARTITION_LIMIT"):

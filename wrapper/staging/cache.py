@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wrapper.errors import JobwrapError, UserInputError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.osl.dirs import DirTree, first_missing, make_dir, open_dir
 from wrapper.osl.files import owned_alone
 from wrapper.staging.copy import (

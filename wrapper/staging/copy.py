@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import field
 
 from wrapper.errors import UserInputError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.osl.dirs import DirTree
 from wrapper.staging.errors import NoSpaceError, StagingError
 from wrapper.staging.report import Progress, format_bytes

@@ -44,7 +44,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
-from wrapper.lean import dataclass  # a dozen records: no generated code (see wrapper.lean)
+from wrapper.fastdataclass import (
+    dataclass,  # a dozen records: no generated code (see wrapper.fastdataclass)
+)
 from wrapper.staging.channel import MAX_FDS, close_fds
 from wrapper.staging.errors import StagingError
 from wrapper.staging.report import Progress, StageItem

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, field
 from typing import Any
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 
 def format_bytes(count: int | float) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.staging.copy import VERIFY_CHOICES
 
 if TYPE_CHECKING:

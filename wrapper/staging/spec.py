@@ -23,7 +23,7 @@ import posixpath
 import re
 
 from wrapper.errors import UserInputError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 UNPACK = "unpack"
 MAX_PATH_BYTES = 4095  # PATH_MAX less the terminating NUL

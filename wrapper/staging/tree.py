@@ -16,7 +16,7 @@ import stat
 from typing import Any
 
 from wrapper.errors import UserInputError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 from wrapper.osl.dirs import DIR_FLAGS, DirTree
 from wrapper.osl.files import FILE_READ_FLAGS
 from wrapper.staging.errors import StagingError

@@ -126,7 +126,7 @@ def supervise(job_id: str, cfg: Config) -> int:
     def run_restarts() -> int:
         return JobStore(state).run_restarts(attempt)
 
-    from wrapper.job.record import allowed_restarts
+    from wrapper.submit.directives import allowed_restarts
 
     options = record.job_options
     may_requeue = cfg.supervisor.walltime_requeue and not options.no_requeue and \

@@ -30,11 +30,11 @@ from typing import Any
 
 from wrapper import log
 from wrapper.config import SupervisorConfig
-from wrapper.directives import JobOptions
+from wrapper.fastdataclass import dataclass
 from wrapper.job import events as ev
 from wrapper.job.record import JobRecord
 from wrapper.job.state import JobState
-from wrapper.lean import dataclass
+from wrapper.submit.directives import JobOptions
 
 RUNNING = {"RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED"}
 # Gaps between two signs of progress (output growth, new checkpoints) after which the

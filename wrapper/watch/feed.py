@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from wrapper import log
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 RUNNING = {"RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED", "COMPLETING"}
 

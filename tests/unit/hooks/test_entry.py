@@ -143,13 +143,14 @@ print(json.dumps({"code": code, "spawned": len(spawned),
 
 # What a quiet prolog (nothing to stage, a healthy node) needs, beyond the entry point.
 PROLOG_MODULES = {
-    "wrapper", "wrapper.config", "wrapper.detach", "wrapper.directives", "wrapper.errors",
+    "wrapper", "wrapper.config", "wrapper.detach", "wrapper.errors",
+    "wrapper.submit", "wrapper.submit.directives",
     "wrapper.gpu", "wrapper.gpu.checks", "wrapper.gpu.probe", "wrapper.gpu.report",
     "wrapper.gpu.versions", "wrapper.gpu.xid", "wrapper.hooks", "wrapper.hooks.health",
     "wrapper.hooks.services",
     "wrapper.hooks.prolog", "wrapper.hooks.staging", "wrapper.job", "wrapper.job.events",
     "wrapper.job.paths", "wrapper.job.record", "wrapper.job.state", "wrapper.job.store",
-    "wrapper.lean",
+    "wrapper.fastdataclass",
     "wrapper.log", "wrapper.metrics", "wrapper.osl", "wrapper.osl.dirs", "wrapper.osl.files",
     "wrapper.osl.jsontext", "wrapper.osl.users", "wrapper.restart", "wrapper.restart.resume",
     "wrapper.runner", "wrapper.slurm", "wrapper.slurm.commands", "wrapper.slurm.context",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from wrapper.config import Config, RestartConfig, SupervisorConfig
-from wrapper.directives import JobOptions
-from wrapper.job.record import JobRecord, allowed_restarts, site_options
+from wrapper.job.record import JobRecord, site_options
+from wrapper.submit.directives import JobOptions, allowed_restarts
 
 
 def site(restarts: int = 3, hang: float = 0.0) -> Config:

@@ -20,7 +20,6 @@ import pytest
 from tests.support.epilog import JobFiles
 from wrapper.archive.status import render, timeline
 from wrapper.config import Config
-from wrapper.directives import JobOptions
 from wrapper.hooks import Services, task_prolog
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.job import events as ev
@@ -41,6 +40,7 @@ from wrapper.restart.classify import (
 from wrapper.restart.policy import PastAttempt, decide, suspect
 from wrapper.slurm.context import JobContext
 from wrapper.slurm.fake import FakeSlurm
+from wrapper.submit.directives import JobOptions
 
 JOB = "91"
 GLOB = "ckpt_*.pt"

@@ -11,7 +11,6 @@ import pytest
 
 from tests.support.epilog import EpilogCase
 from wrapper.config import Config, PathsConfig
-from wrapper.directives import parse_args
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.hooks.services import Services
 from wrapper.job import events as ev
@@ -20,6 +19,7 @@ from wrapper.restart import runloop
 from wrapper.restart.classify import Evidence
 from wrapper.restart.judge import Facts, Judgement, Remote, judge
 from wrapper.slurm.records import SlurmJob
+from wrapper.submit.directives import parse_args
 
 KILLED = Evidence(exit_code=137, output_tail="srun: error: n1: task 0: Killed\n")
 OK = Evidence(exit_code=0)

@@ -13,7 +13,6 @@ import pytest
 
 from tests.support.epilog import JOB, EpilogCase
 from wrapper.config import Config, PathsConfig
-from wrapper.directives import parse_args
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.hooks.services import Services
 from wrapper.job import events as ev
@@ -23,6 +22,7 @@ from wrapper.restart.apply import in_place_hint
 from wrapper.restart.classify import Classification
 from wrapper.restart.policy import Decision
 from wrapper.restart.runloop import FORWARDED, run
+from wrapper.submit.directives import parse_args
 
 
 @pytest.fixture

@@ -110,10 +110,10 @@ def test_extra_not_written_by_jobwrap_is_no_script(extra: str) -> None:
 
 def test_a_rewritten_extra_is_user_input_checked_like_a_script() -> None:
     """scontrol update Extra=... is the user's: the prolog's parse of it is the script's."""
-    from wrapper.directives import parse_script
     from wrapper.errors import UserInputError
     from wrapper.job.record import _build
     from wrapper.slurm.context import known_script
+    from wrapper.submit.directives import parse_script
 
     ctx = from_env("prolog", {**PROLOG_ENV, "SLURM_JOB_EXTRA":
                               "jobwrap:1 #JOBWRAP --max-restarts=100000%0A#JOBWRAP --x"})

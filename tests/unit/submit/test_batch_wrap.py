@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.fixtures.lua import luarun
-from wrapper.install_lua import InstallError, SiteDefaults, batch_wrapper, render, template
 from wrapper.restart.batch import MARK, TEST, unwrap
+from wrapper.submit.lua import InstallError, SiteDefaults, batch_wrapper, render, template
 
 PLAIN = "#!/bin/bash\n#SBATCH --nodes=2\n#JOBWRAP --max-restarts=2\n\nsrun python train.py\n"
 

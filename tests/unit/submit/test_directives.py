@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wrapper.directives import JobOptions, parse_args, parse_duration, parse_script
 from wrapper.errors import UserInputError
+from wrapper.submit.directives import JobOptions, parse_args, parse_duration, parse_script
 
 SCRIPT = """#!/bin/bash
 #SBATCH --nodes=2

@@ -1,6 +1,6 @@
 """Property-based fuzzing of #JOBWRAP directives and script bytes (issue 12, items 1, 7).
 
-Whatever a user writes in a batch script, wrapper/directives.py gives options within
+Whatever a user writes in a batch script, wrapper/submit/directives.py gives options within
 their ranges or a UserInputError with a message: never another exception (a traceback
 in a root hook). job_submit.lua, under a real Lua, gives the same verdict and message.
 """
@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from tests.fixtures.lua import luarun
 from tests.support.submit import lua_verdicts, python_verdict
-from wrapper.directives import (
+from wrapper.errors import UserInputError
+from wrapper.submit.directives import (
     HEADER_BYTES,
     MAX_HANG_TIMEOUT,
     MAX_RESTARTS,
@@ -23,7 +24,6 @@ from wrapper.directives import (
     JobOptions,
     parse_script,
 )
-from wrapper.errors import UserInputError
 
 FUZZ = settings(deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -1,6 +1,6 @@
 """job_submit.lua and the Python parsers agree: the same verdict and the very same message,
 on a shared table and on a few thousand generated headers. The Python side is
-wrapper/directives.py, plus wrapper/staging/spec.py for the stage specs."""
+wrapper/submit/directives.py, plus wrapper/staging/spec.py for the stage specs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from tests.fixtures.lua import luarun
 from tests.fixtures.lua.directive_table import ROWS, STAGE_ROWS, script_of
 from tests.support.submit import lua_verdicts, python_verdict
-from wrapper.directives import OPTIONS
+from wrapper.submit.directives import OPTIONS
 
 
 @pytest.fixture(scope="module", params=luarun.interpreter_params())
@@ -40,7 +40,7 @@ def test_stage_specs_same_verdict_and_message(lua: str, tmp_path: Path) -> None:
             assert from_lua is None
         else:
             assert from_lua is not None and phrase in from_lua, lines
-        # Should wrapper/directives.py check stage specs itself, it must say it the same way.
+        # Should wrapper/submit/directives.py check stage specs itself, it must say it the same way.
         assert python_verdict(script_of(lines)) in (None, from_lua), lines
 
 

@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fixtures.lua import luarun
-from wrapper import config, install_lua
+from wrapper import config
 from wrapper.cli import cli
-from wrapper.install_lua import (
+from wrapper.submit import lua as install_lua
+from wrapper.submit.lua import (
     InstallError,
     SiteDefaults,
     install,
@@ -161,7 +162,7 @@ def test_cli_reports_an_unwritable_path(tmp_path: Path) -> None:
 
 
 def test_the_sites_default_spares_are_checked_before_they_reach_the_plugin() -> None:
-    from wrapper.install_lua import InstallError, spare_defaults
+    from wrapper.submit.lua import InstallError, spare_defaults
 
     assert spare_defaults(" gpu = 1, big=2 ,") == "gpu=1,big=2"
     assert spare_defaults("") == ""

@@ -13,7 +13,7 @@ import pytest
 
 from tests.fixtures.lua import luarun
 from tests.fixtures.lua.directive_table import ROWS, STAGE_ROWS, script_of
-from wrapper.install_lua import SiteDefaults, render
+from wrapper.submit.lua import SiteDefaults, render
 
 ALL_ROWS = ROWS + STAGE_ROWS
 SLURM_ERROR = -1
@@ -234,8 +234,8 @@ def _ctx_of(extra: str) -> Any:
 
 
 def test_directives_kept_in_extra_parse_as_the_script_does(lua: str, tmp_path: Path) -> None:
-    from wrapper.directives import parse_script
     from wrapper.slurm.context import known_script
+    from wrapper.submit.directives import parse_script
 
     script = ("#!/bin/bash\n#SBATCH --signal=USR2@60\n#JOBWRAP --checkpoint-dir='my ckpt' "
               "--max-restarts=2\n#JOBWRAPPER not ours\n#JOBWRAP --stage-in=/data/s\u00e9t:set"

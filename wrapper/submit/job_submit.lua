@@ -6,7 +6,7 @@ Loaded by slurmctld's job_submit/lua plugin (slurm.conf: JobSubmitPlugins=lua; t
 sits beside slurm.conf as job_submit.lua). Install it with `jobwrap install-lua PATH`,
 which fills SITE below from the jobwrap config.
 
-The directive rules and messages are those of wrapper/directives.py (parse_script), and
+The directive rules and messages are those of wrapper/submit/directives.py (parse_script), and
 for --stage-in/--stage-out those of wrapper/staging/spec.py, so a job is refused here,
 by sbatch, with the very message the prolog would have written hours later.
 tests/unit/submit/test_lua_agreement.py holds them to the same table and to generated headers.
@@ -15,7 +15,7 @@ Written for Lua 5.1 (what Debian's Slurm 22.05 plugin links) and 5.3: no goto, n
 integer division, no bit operators, no table.unpack.
 
 It runs inside slurmctld, under its locks, on the user's script: every step is linear
-in the input and the input is capped (the same caps in wrapper/directives.py).
+in the input and the input is capped (the same caps in wrapper/submit/directives.py).
 - Only the script's first HEADER_LINES lines, and of them those ending within its first
   HEADER_BYTES bytes, are read for directives: a longer header's later lines are not.
 - Lines, blanks and words are found with string.find (anchored patterns whose
@@ -54,7 +54,7 @@ local HEADER_LINES = 1000
 local MAX_NUMBER_DIGITS = 9 -- a whole-number value longer than this is out of range
 local MAX_DURATION_CHARS = 32 -- a duration longer than this is none
 
--- Declared once, in the order wrapper/directives.py's OPTIONS lists them (the order of
+-- Declared once, in the order wrapper/submit/directives.py's OPTIONS lists them (the order of
 -- the "valid options" in messages).
 local OPTIONS = {
     { name = "--checkpoint-dir", kind = "path" },
@@ -152,7 +152,7 @@ local function valid_utf8(text)
 end
 
 -- Python's repr() of a str, for the ASCII range, the UTF-8 C1 controls and bytes that
--- are not UTF-8, so that messages quote values exactly as wrapper/directives.py does.
+-- are not UTF-8, so that messages quote values exactly as wrapper/submit/directives.py does.
 local function py_repr(text)
     local quote = "'"
     if text:find("'", 1, true) and not text:find('"', 1, true) then
@@ -360,7 +360,7 @@ local function py_int(text)
     return sign * (tonumber((body:gsub("_", ""))) + 0.0)
 end
 
--- wrapper.directives.parse_duration: seconds, or nil when it is no duration.
+-- wrapper.submit.directives.parse_duration: seconds, or nil when it is no duration.
 local function parse_duration(text)
     local value = strip(text):lower()
     if value == "" or #value > MAX_DURATION_CHARS or value:find("[\128-\255]") then
@@ -584,7 +584,7 @@ local function check_stage_out(value)
     return problem
 end
 
--- wrapper.directives._convert: the value, or nil and the message.
+-- wrapper.submit.directives._convert: the value, or nil and the message.
 local function convert(option, value, where, previous)
     local name = option.name
     if value:find("\0", 1, true) or value:find("\n", 1, true) then
@@ -633,7 +633,7 @@ local function convert(option, value, where, previous)
     return value
 end
 
--- wrapper.directives.parse_args over {number, word} items.
+-- wrapper.submit.directives.parse_args over {number, word} items.
 local function parse_words(items)
     local values = {}
     local given = {} -- name -> {line number, the value as written}, for site messages
@@ -680,7 +680,7 @@ local function parse_words(items)
     return values, given
 end
 
--- wrapper.directives.parse_script: the options by name, or nil and the message.
+-- wrapper.submit.directives.parse_script: the options by name, or nil and the message.
 -- Every line is split before any option is read, as there: a quoting error anywhere
 -- is reported first.
 local function parse_script(header)

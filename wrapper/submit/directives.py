@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wrapper.errors import UserInputError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
+
+if TYPE_CHECKING:
+    from wrapper.config import Config
 
 PREFIX = "#JOBWRAP"
 HEADER_BYTES = 256 * 1024
@@ -350,3 +353,14 @@ def _convert(option: Option, value: str, where: str) -> Any:
     if not value:
         raise UserInputError(f"{where}: {name} needs a non-empty value")
     return value
+
+
+def allowed_restarts(options: JobOptions, cfg: Config) -> int:
+    """The restarts the job gets: its --max-restarts, or ``[restart] max_restarts``, and
+    never more than ``[restart] max_restarts_limit`` (job_submit.lua refuses more at
+    submit, but a job's directives can be rewritten after it: ``scontrol update
+    Extra=``)."""
+    asked = options.max_restarts if options.max_restarts is not None \
+        else cfg.restart.max_restarts
+    limit = cfg.restart.max_restarts_limit
+    return min(asked, limit) if limit >= 0 else asked

@@ -12,7 +12,7 @@ decorator, so every constructor is still checked field by field.
 Supported: ``frozen``, ``eq`` (default), ``field(default=..., default_factory=...,
 init=..., repr=..., compare=...)`` and ``__post_init__``. Not supported (refused at
 decoration): ``order``, ``slots``, ``kw_only`` and ``InitVar`` fields; use
-``dataclasses.dataclass`` for those. ``tests/unit/test_lean.py`` holds the two to the
+``dataclasses.dataclass`` for those. ``tests/unit/test_fastdataclass.py`` holds the two to the
 same behaviour.
 """
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 else:
     def dataclass(cls=None, /, *, frozen=False, eq=True, **unsupported):
         if unsupported:
-            raise TypeError(f"wrapper.lean.dataclass does not support "
+            raise TypeError(f"wrapper.fastdataclass.dataclass does not support "
                             f"{', '.join(sorted(unsupported))}: use dataclasses.dataclass")
 
         def wrap(target):
@@ -41,7 +41,8 @@ _SPECS: dict[type, tuple[tuple[str, bool, Any, Any], ...]] = {}
 
 def _process(cls: Any, *, frozen: bool, eq: bool) -> Any:
     if "__slots__" in cls.__dict__:
-        raise TypeError(f"{cls.__name__}: wrapper.lean.dataclass does not support __slots__")
+        raise TypeError(f"{cls.__name__}: wrapper.fastdataclass.dataclass does not support "
+                        "__slots__")
     documented = bool(cls.__dict__.get("__doc__"))
     if not documented:
         cls.__doc__ = cls.__name__  # dataclasses would ask inspect: twice the class's cost
@@ -51,7 +52,7 @@ def _process(cls: Any, *, frozen: bool, eq: bool) -> Any:
         cls.__doc__ = f"{cls.__name__}({', '.join(f.name for f in fields if f.init)})"
     if any(isinstance(f.type, dataclasses.InitVar) or str(f.type).startswith("InitVar")
            for f in fields):
-        raise TypeError(f"{cls.__name__}: wrapper.lean.dataclass does not support InitVar")
+        raise TypeError(f"{cls.__name__}: wrapper.fastdataclass.dataclass does not support InitVar")
     _SPECS[cls] = tuple((f.name, f.init, f.default, f.default_factory) for f in fields)
     own = cls.__dict__
     if "__init__" not in own:

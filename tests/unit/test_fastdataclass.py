@@ -1,4 +1,4 @@
-"""wrapper.lean.dataclass behaves as dataclasses.dataclass for what the project uses."""
+"""wrapper.fastdataclass.dataclass behaves as dataclasses.dataclass for what the project uses."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from wrapper import lean
+from wrapper import fastdataclass as lean
 
 
 def _pair(frozen: bool) -> list[type]:
@@ -100,7 +100,7 @@ def test_no_code_is_generated() -> None:
                "    calls.append(1)\n"
                "    return real(*a, **k)\n"
                "dataclasses.exec = spy\n"
-               "from wrapper.lean import dataclass\n"
+               "from wrapper.fastdataclass import dataclass\n"
                "@dataclass(frozen=True)\n"
                "class A:\n"
                "    x: int = 0\n"

@@ -1,6 +1,6 @@
 """``jobwrap install-lua PATH``: install the job_submit.lua plugin with the site's defaults.
 
-The plugin ships as package data (``wrapper/data/job_submit.lua``); its ``SITE`` table,
+The plugin ships as package data (``wrapper/submit/job_submit.lua``); its ``SITE`` table,
 between the ``-- BEGIN SITE`` and ``-- END SITE`` lines, is rewritten from the jobwrap
 config, and the file is written atomically (slurmctld may reload it at any submit).
 """
@@ -19,7 +19,7 @@ import click
 
 from wrapper.config import Config
 from wrapper.errors import JobwrapError
-from wrapper.lean import dataclass
+from wrapper.fastdataclass import dataclass
 
 PLUGIN_NAME = "job_submit.lua"
 SITE_BEGIN = "-- BEGIN SITE"
@@ -48,17 +48,15 @@ class SiteDefaults:
     @classmethod
     def from_config(cls, cfg: Config, *, requeue: bool = True) -> SiteDefaults:
         """The site's defaults and limits, from its config: the values root's hooks hold
-        jobs to as well (``job.record.site_options``)."""
-        from wrapper.directives import JobOptions
-        from wrapper.job.record import site_options
+        jobs to as well (``directives.allowed_restarts``)."""
+        from wrapper.submit.directives import JobOptions, allowed_restarts
 
         name, number = signal_of(cfg.supervisor.walltime_signal)
         lead = round(cfg.supervisor.walltime_lead)
         if lead > MAX_SIGNAL_LEAD:
             raise InstallError(f"[supervisor] walltime_lead = {cfg.supervisor.walltime_lead:g}: "
                                f"Slurm's --signal allows at most {MAX_SIGNAL_LEAD} s")
-        restarts = site_options(JobOptions(), cfg).max_restarts
-        return cls(requeue=requeue, max_restarts=restarts if restarts is not None else 0,
+        return cls(requeue=requeue, max_restarts=allowed_restarts(JobOptions(), cfg),
                    max_restarts_limit=cfg.restart.max_restarts_limit, signal_name=name,
                    signal_number=number, signal_lead=lead,
                    spare_nodes=spare_defaults(cfg.restart.spare_nodes),
@@ -78,7 +76,7 @@ def batch_wrapper(text: str) -> str:
 
 def spare_defaults(text: str) -> str:
     """``[restart] spare_nodes`` checked: ``PART=N`` items, comma-separated, N 0 to 64."""
-    from wrapper.directives import MAX_SPARE_NODES
+    from wrapper.submit.directives import MAX_SPARE_NODES
 
     items = []
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -107,7 +105,7 @@ def signal_of(text: str) -> tuple[str, int]:
 
 def template() -> str:
     """The plugin as shipped, with its built-in SITE defaults."""
-    return (resources.files("wrapper") / "data" / PLUGIN_NAME).read_text(encoding="utf-8")
+    return (resources.files("wrapper.submit") / PLUGIN_NAME).read_text(encoding="utf-8")
 
 
 def render(site: SiteDefaults, source: str = "") -> str:
