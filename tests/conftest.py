@@ -95,6 +95,13 @@ def weird_tmp_path(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def root() -> None:
+    """The test acts as root does (CI runs as root): anywhere else it fails, never skips."""
+    if os.geteuid() != 0:
+        pytest.fail("this test runs as root (as CI does): root's own behaviour is its subject")
+
+
 @pytest.fixture(scope="module")
 def user() -> UserIds:
     if os.geteuid() != 0:

@@ -58,7 +58,7 @@ def test_a_writable_log_file_sends_nothing_to_syslog(
     assert syslogged == [] and "here" in (tmp_path / "j.log").read_text()
 
 
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="root's hooks make the folder")
+root_only = pytest.mark.usefixtures("root")  # root makes the folder (tests/conftest.py)
 
 
 @root_only
@@ -85,6 +85,10 @@ def test_root_makes_a_missing_log_folder_of_its_own(tmp_path: Path,
     ("not-root", "owned by uid 4242, not root"),
     ("world-writable", "writable by others"),
     ("missing-in-open-parent", "is missing, and"),
+    # a group other than root's may write there: it could put a FIFO in the log's place
+    ("group-writable", "writable by others"),
+    # a FIFO in the log's place (opened non-blocking: no reader, no hung hook)
+    ("fifo", "No such device or address"),
 ])
 def test_root_writes_no_log_into_a_folder_others_control(
         tmp_path: Path, syslogged: list[tuple[str, str]], setup: str, phrase: str) -> None:
@@ -99,6 +103,12 @@ def test_root_writes_no_log_into_a_folder_others_control(
         folder.mkdir()
         if setup == "not-root":
             os.chown(folder, 4242, 4242)
+        elif setup == "group-writable":
+            os.chown(folder, 0, 4242)
+            os.chmod(folder, 0o770)  # noqa: S103 - the fault under test
+        elif setup == "fifo":
+            os.chmod(folder, 0o750)  # noqa: S103 - root's own mode
+            os.mkfifo(folder / "jobwrap.log")
         else:
             os.chmod(folder, 0o777)  # noqa: S103 - the fault under test
     err = io.StringIO()
@@ -106,7 +116,11 @@ def test_root_writes_no_log_into_a_folder_others_control(
     [record] = [json.loads(x) for x in err.getvalue().splitlines()]
     assert record["event"] == "log.file_unavailable" and phrase in record["detail"], record
     assert [level for level, _ in syslogged] == ["warning"]
-    assert not (folder / "jobwrap.log").exists() and list(elsewhere.iterdir()) == []
+    if setup == "fifo":
+        assert stat.S_ISFIFO((folder / "jobwrap.log").lstat().st_mode)
+    else:
+        assert not (folder / "jobwrap.log").exists()
+    assert list(elsewhere.iterdir()) == []
     if setup == "missing-in-open-parent":
         assert not folder.exists()
 

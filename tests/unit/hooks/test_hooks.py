@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +45,7 @@ def test_every_log_event_carries_hook_job_node_attempt(site: dict[str, Path]) ->
         assert "timestamp" in line and "level" in line
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="root's hooks make the log folder")
+@pytest.mark.usefixtures("root")  # root's hooks make the log folder
 def test_the_prolog_makes_a_missing_log_folder(site: dict[str, Path]) -> None:
     """On a node where nothing made /var/log/jobwrap, the first hook makes it (root's,
     0750) and logs there, rather than only to a stderr slurmd does not keep."""

@@ -52,7 +52,7 @@ def test_the_seam_picks_the_file_when_configured_else_the_gpu_probe(tmp_path: Pa
 def test_nvml_without_a_driver_finds_no_gpu_use(monkeypatch: pytest.MonkeyPatch,
                                                 code: str) -> None:
     # NVML's own answer on a login node without the driver, whatever this machine has
-    pynvml = pytest.importorskip("pynvml")
+    import pynvml  # nvidia-ml-py, a dependency of jobwrap
     tries: list[int] = []
 
     def init() -> None:
@@ -66,7 +66,7 @@ def test_nvml_without_a_driver_finds_no_gpu_use(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_nvml_that_fails_otherwise_is_a_probe_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    pynvml = pytest.importorskip("pynvml")
+    import pynvml  # nvidia-ml-py, a dependency of jobwrap
 
     def init() -> None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
