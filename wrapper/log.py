@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
@@ -133,12 +134,20 @@ def open_log_file(path: str) -> int:
     try:
         if root:
             info = os.fstat(dir_fd)
-            if info.st_uid != 0 or info.st_mode & 0o002:
+            if info.st_uid != 0 or info.st_mode & 0o002 or (
+                    info.st_mode & 0o020 and info.st_gid != 0):
                 raise LogFileError(f"its folder {folder} is "
                                    + (f"owned by uid {info.st_uid}, not root"
                                       if info.st_uid != 0 else "writable by others"))
-        return os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                       | os.O_CLOEXEC, 0o640, dir_fd=dir_fd)
+        # Non-blocking, then checked: a FIFO in its place must not hang a hook.
+        fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_CLOEXEC | os.O_NONBLOCK, 0o640, dir_fd=dir_fd)
+        file = os.fstat(fd)
+        if not stat.S_ISREG(file.st_mode) or (root and (file.st_uid != 0 or file.st_nlink != 1)):
+            os.close(fd)
+            raise LogFileError(f"{path} is not a regular file of root's alone")
+        os.set_blocking(fd, True)
+        return fd
     finally:
         os.close(dir_fd)
 
