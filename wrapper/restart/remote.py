@@ -86,7 +86,9 @@ def lost_nodes(backend: SlurmBackend, ctx: JobContext, slurm_job: Mapping[str, s
             restarted[node] = (f"{state}, back: its slurmd started again at "
                                f"{info.get('SlurmdStartTime', '?')}, during the attempt, "
                                "and Slurm ended the attempt as NODE_FAIL")
-    if restarted and since is not None and (
+    # only when no node Slurm shows lost explains the NODE_FAIL: a rolling restart on one
+    # node is not blamed for another node's real loss
+    if restarted and not found and since is not None and (
             job.final_state == "NODE_FAIL" or _accounted_node_fail(backend, ctx, since, sleep)):
         found.update(restarted)
     return found

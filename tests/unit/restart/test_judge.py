@@ -113,3 +113,26 @@ def test_the_epilog_and_jobwrap_run_ask_the_same_judge(
         for signum, handler in saved.items():
             signal.signal(signum, handler)
     assert [f.evidence.exit_code for f in judged] == [1, 3]
+
+
+def test_a_slurmd_restart_is_not_blamed_where_a_down_node_explains_the_node_fail() -> None:
+    """NODE_FAIL on a 3-node job: n2 is DOWN (the loss), n3's slurmd was only restarted
+    under the job (a rolling restart). n2 alone is lost; with no down node, n3 is."""
+    import os
+    from datetime import datetime
+
+    from wrapper.restart.remote import lost_nodes
+    from wrapper.slurm.context import JobContext
+    from wrapper.slurm.fake import FakeSlurm
+
+    began = 1_800_000_000.0
+    restarted = {"State": "IDLE", "SlurmdStartTime": datetime.fromtimestamp(
+        began + 60).isoformat(timespec="seconds")}
+    ctx = JobContext(hook="epilog", job_id="9", user="u", uid=os.getuid(), gid=os.getgid(),
+                     node="n1", nodes=["n1", "n2", "n3"], attempt=0)
+    fail = {"JobId": "9", "JobState": "NODE_FAIL", "Restarts": "0"}
+    slurm = FakeSlurm(nodes={"n2": {"State": "DOWN*", "Reason": "Not responding"},
+                             "n3": restarted})
+    assert list(lost_nodes(slurm, ctx, fail, since=began)) == ["n2"]
+    slurm = FakeSlurm(nodes={"n2": {"State": "IDLE"}, "n3": restarted})
+    assert list(lost_nodes(slurm, ctx, fail, since=began)) == ["n3"]
