@@ -19,6 +19,7 @@ if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then
     sleep 1
   done &
   srun sleep 300  # no output, no checkpoint: a hang
+  sleep 5  # a job ended whole loses its batch shell within ms of its step (not at once)
   echo "the batch script outlived its hang"
   exit 0
 fi
