@@ -82,14 +82,15 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         raise  # a newer jobwrap's job: refused, never decided on half of what it wrote
     except JobwrapError:
         record = jobrecord.gather(ctx, backend)
+    deadline = started + cfg.hooks.epilog_budget
     info: dict[str, str] = {}
     if ctx.first_node and not _released(ctx, record, store, backend):
         _decision, info = decide_attempt(ctx, cfg, state, record, backend,
                                          gpu_check_failed=gpu_check_failed,
-                                         gpu_checked=gpu_checked, services=services)
+                                         gpu_checked=gpu_checked, services=services,
+                                         deadline=deadline)
     from wrapper.hooks import staging
 
-    deadline = started + cfg.hooks.epilog_budget
     not_back: list[str] = []
     try:  # outputs first: a failed job's partial results are not lost
         not_back = staging.stage_job_out(ctx, cfg, state, record, deadline=deadline)
@@ -185,12 +186,15 @@ def _archive(ctx: JobContext, cfg: Config, store: JobStore, record: jobrecord.Jo
 def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
                    record: jobrecord.JobRecord, backend: SlurmBackend, *,
                    gpu_check_failed: bool, gpu_checked: bool = True,
-                   services: Services | None = None) -> tuple[Decision, dict[str, str]]:
+                   services: Services | None = None, deadline: float | None = None
+                   ) -> tuple[Decision, dict[str, str]]:
     """Decide and act on the attempt's end (``wrapper.restart.attempt``), then tell the
     metrics, the goodput ledger and the job; returns the decision and Slurm's job record.
 
     ``gpu_check_failed``: root's post-job check on this node failed; ``gpu_checked``:
     it ran (else a reported GPU fault is confirmed by a probe of root's own here).
+    ``deadline``: the epilog's budget's end (``time.monotonic``), which its waits for
+    Slurm's accounting never pass.
     """
     from wrapper.hooks import aftermath
     from wrapper.restart import attempt
@@ -198,7 +202,8 @@ def decide_attempt(ctx: JobContext, cfg: Config, state: state_mod.JobState,
     store = JobStore(state)
     outcome = attempt.decide(ctx, cfg, store, record, backend,
                              gpu_check_failed=gpu_check_failed, gpu_checked=gpu_checked,
-                             confirm=services.gpu_confirm if services else None)
+                             confirm=services.gpu_confirm if services else None,
+                             deadline=deadline)
     aftermath.act(ctx, cfg, store, backend, record, outcome,
                   spawn=services.spawn if services else None)
     return outcome.decision, outcome.gathered.info

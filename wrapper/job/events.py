@@ -418,7 +418,8 @@ class RequeueFailed(_Failed):
 class RequeuedWithoutJobwrap(Event):
     """Slurm's Restarts moved past the attempt that ended without jobwrap's decision: the
     job requeued itself (Lightning's auto-requeue: ``scontrol requeue`` on USR1), an admin
-    did, or Slurm did (a node failure). jobwrap does not requeue it a second time."""
+    did, or Slurm did (a node failure). jobwrap does not requeue it a second time, and
+    makes it eligible at once (``jobwrap release``) only within the job's restart limit."""
 
     restarts: int = 0  # Slurm's Restarts when the epilog looked
     slurm_state: str = ""

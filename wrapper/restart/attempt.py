@@ -43,12 +43,14 @@ class Outcome:
 
 def decide(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
            backend: SlurmBackend, *, gpu_check_failed: bool, gpu_checked: bool,
-           confirm: GpuConfirmer | None = None) -> Outcome:
+           confirm: GpuConfirmer | None = None, deadline: float | None = None) -> Outcome:
     """Classify the attempt that ended and decide what follows. It acts on nothing; the
     only record it makes is root's own GPU confirmation, when a reported fault needs one.
 
     ``gpu_check_failed``: root's post-job check on this node failed; ``gpu_checked``: it
-    ran (else a reported GPU fault is confirmed by a probe of root's own here)."""
+    ran (else a reported GPU fault is confirmed by a probe of root's own here).
+    ``deadline``: the epilog's (``time.monotonic``), which asking Slurm's accounting for a
+    lost node never runs past (``remote.lost_nodes``)."""
     from wrapper.osl.users import UserIds
     from wrapper.restart import evidence, remote
     from wrapper.restart.classify import classify
@@ -61,7 +63,7 @@ def decide(ctx: JobContext, cfg: Config, store: JobStore, record: JobRecord,
                                confirm=confirm)
     # What the other nodes say, asked only where it can change this node's class
     others = remote.gather(backend, ctx, store.root_events(), gathered.info,
-                           classify(gathered.evidence).kind)
+                           classify(gathered.evidence).kind, deadline=deadline)
     options, checkpoint = record.job_options, gathered.checkpoint
     saved = next((e for e in store.events() if isinstance(e, ev.WalltimeRequeued)
                   and e.attempt == ctx.attempt), None)  # the supervisor's word: wording only

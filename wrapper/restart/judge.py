@@ -15,7 +15,7 @@ and the policy's brakes run in one order:
 4. what a stopped run means (``jobwrap run`` already restarted the job's own failure in
    place until its brakes stopped it: no requeue to run the same brakes again);
 5. a requeue Slurm already made (the job's own, an admin's, Slurm's): recorded, never
-   asked again.
+   asked again, and released only within the job's restart limit.
 
 No I/O: what it needs is in ``Facts``; what follows (records, the requeue, metrics,
 telling the job) is ``wrapper.restart.apply``'s, in the order it keeps.
@@ -41,7 +41,7 @@ from wrapper.restart.classify import (
     Evidence,
     classify,
 )
-from wrapper.restart.policy import Decision, PastAttempt, decide, suspect
+from wrapper.restart.policy import Decision, PastAttempt, decide, restarts_spent, suspect
 
 if TYPE_CHECKING:
     from wrapper.slurm.records import SlurmJob
@@ -117,8 +117,10 @@ def judge(facts: Facts) -> Judgement:
     if facts.job is not None:
         from wrapper.restart.requeued import hold_back
 
-        decision, external = hold_back(decision, verdict, attempt=facts.attempt,
-                                       node=facts.node, job=facts.job, saved=facts.saved)
+        decision, external = hold_back(
+            decision, verdict, attempt=facts.attempt, node=facts.node, job=facts.job,
+            saved=facts.saved, max_restarts=facts.max_restarts,
+            spent=restarts_spent(verdict, attempt=facts.attempt, history=facts.history))
     return Judgement(verdict, decision, fallback, external, elsewhere)
 
 

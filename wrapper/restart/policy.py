@@ -17,6 +17,7 @@ it, before the same-error and no-progress rules may stop it (the restart limit a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import field
 
 from wrapper.fastdataclass import dataclass
@@ -93,7 +94,7 @@ def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: 
         return Decision("stop", f"{now.kind}: Slurm skipped jobwrap's prolog {skipped + 1} "
                         f"times (at most --max-restarts={max_restarts}); upgrade Slurm to "
                         "23.02 or later and resubmit")
-    ran = attempt - skipped - (1 if free else 0)
+    ran = restarts_spent(now, attempt=attempt, history=history)
     if not free and ran >= max_restarts:
         site = f"; the job asked for {asked}, this cluster allows at most {max_restarts}" \
             if asked is not None and asked > max_restarts else ""
@@ -128,6 +129,15 @@ def decide(now: Classification, *, attempt: int, max_restarts: int, no_requeue: 
         else f"{attempt + 1} (no restart of the job's: its code did not run)"
     return Decision("requeue", f"{now.kind} ({now.detail}): requeued as attempt "
                     f"{limit}{resume}", exclude)
+
+
+def restarts_spent(now: Classification, *, attempt: int,
+                   history: Sequence[PastAttempt]) -> int:
+    """The job's restarts spent up to attempt ``attempt`` (``now`` its class), which the
+    restart limit holds: its number, less the attempts root's record shows Slurm ran
+    without jobwrap's prolog (their code never ran)."""
+    skipped = sum(1 for h in history if _free_skip(h.kind, h.signature))
+    return attempt - skipped - (1 if _free_skip(now.kind, now.signature) else 0)
 
 
 def _free_skip(kind: str, signature: str) -> bool:

@@ -56,24 +56,41 @@ def requeued_without_jobwrap(attempt: int, job: SlurmJob) -> bool:
 
 
 def hold_back(decision: Decision, verdict: Classification, *, attempt: int, node: str,
-              job: SlurmJob, saved: str | None = None
+              job: SlurmJob, saved: str | None = None, max_restarts: int | None = None,
+              spent: int | None = None
               ) -> tuple[Decision, ev.RequeuedWithoutJobwrap | None]:
     """``decision`` unchanged, or, when the job was requeued without jobwrap, a
     ``requeue`` decision whose reason says so (the caller must not ask Slurm again) and
     the root event to record. ``saved``: the checkpoint after which the supervisor says
-    it requeued the job before its time limit (its word: only the wording follows it)."""
+    it requeued the job before its time limit (its word: only the wording follows it).
+
+    ``max_restarts`` (the job's limit, ``directives.allowed_restarts``) and ``spent``
+    (the restarts attempt ``attempt`` spent, ``policy.restarts_spent``; else its
+    number): a requeue that put the job past its limit is recorded but answered with a
+    stop, which starts no release. The job's own ``scontrol requeue`` is no way past the
+    limit that jobwrap's requeue keeps to: released, it would start at once, and again
+    each time it requeues itself."""
     if not requeued_without_jobwrap(attempt, job):
         return decision, None
-    if saved is not None:
+    restart = (attempt if spent is None else spent) + job.restarts - attempt
+    if max_restarts is not None and restart > max_restarts:
+        reason = (f"the job was requeued without jobwrap (Slurm's Restarts is "
+                  f"{job.restarts} after attempt {attempt}: by the job itself, an admin, "
+                  f"or Slurm), past its restart limit (restart {restart} of at most "
+                  f"--max-restarts={max_restarts}); jobwrap does not release it")
+        decision = Decision("stop", reason)
+    elif saved is not None:
         reason = (f"requeued before its time limit by jobwrap's supervisor once the "
                   f"checkpoint it asked for was saved ({saved or 'unnamed'}; Slurm's "
                   f"Restarts is {job.restarts}); jobwrap does not requeue it again")
+        decision = replace(decision, action="requeue", reason=reason)
     else:
         reason = (f"the job was requeued without jobwrap (Slurm's Restarts is "
                   f"{job.restarts} after attempt {attempt}: by the job itself, as "
                   f"Lightning's auto-requeue does, an admin, or Slurm); jobwrap does not "
                   f"requeue it again")
+        decision = replace(decision, action="requeue", reason=reason)
     event = ev.RequeuedWithoutJobwrap(attempt=attempt, node=node, restarts=job.restarts,
                                       slurm_state=job.state, kind=verdict.kind,
                                       reason=reason)
-    return replace(decision, action="requeue", reason=reason), event
+    return decision, event

@@ -389,17 +389,21 @@ class CliBackend:
         except CommandError as exc:
             raise SlurmError(f"{first}; and then {exc}") from None
 
-    def ended_attempts(self, job_id: str) -> list[tuple[str, float | None]]:
+    def ended_attempts(self, job_id: str, *, timeout: float | None = None
+                       ) -> list[tuple[str, float | None]]:
         """The job's attempts as Slurm's accounting recorded them, oldest first: (state,
         end) of each (``sacct --duplicates``): a requeued attempt reads ``NODE_FAIL`` when
         Slurm requeued it for a node it lost, ``REQUEUED`` when someone asked. Written by
-        slurmctld alone; SlurmError where the site keeps no accounting."""
+        slurmctld alone; SlurmError where the site keeps no accounting. ``timeout``: the
+        seconds the caller has left, when fewer than ``command_timeout``."""
         from wrapper.slurm.records import slurm_timestamp
 
         argv = [self._sibling("sacct"), "-n", "-P", "-X", "-D", "-j", _job_id(job_id),
                 "-o", "JobIDRaw,State,End"]
+        limit = self.config.command_timeout if timeout is None \
+            else min(timeout, self.config.command_timeout)
         try:
-            out = self.runner.run(argv, timeout=self.config.command_timeout).stdout
+            out = self.runner.run(argv, timeout=limit).stdout
         except CommandError as exc:
             raise SlurmError(str(exc)) from None
         found = []

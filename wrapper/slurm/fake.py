@@ -24,6 +24,7 @@ class FakeSlurm:
     accounting: dict[str, list[tuple[str, float | None]]] = field(default_factory=dict)
     refuse_requeue: str = ""  # non-empty: requeue raises SlurmError with this text
     calls: list[tuple[str, ...]] = field(default_factory=list)
+    timeouts: list[float | None] = field(default_factory=list)  # ended_attempts' timeouts
 
     def version(self) -> str:
         return "fake 0.0"
@@ -78,8 +79,10 @@ class FakeSlurm:
         job = self.jobs.get(job_id, {})
         return job.get("JobState", ""), job.get("TimeLimit", "")
 
-    def ended_attempts(self, job_id: str) -> list[tuple[str, float | None]]:
+    def ended_attempts(self, job_id: str, *, timeout: float | None = None
+                       ) -> list[tuple[str, float | None]]:
         self.calls.append(("ended_attempts", job_id))
+        self.timeouts.append(timeout)
         if job_id not in self.accounting:
             raise SlurmError("sacct: Slurm accounting storage is disabled")
         return list(self.accounting[job_id])

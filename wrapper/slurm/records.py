@@ -368,9 +368,31 @@ def node_lost(fields: Mapping[str, str], since: float | None = None) -> bool:
 
 
 def node_down(fields: Mapping[str, str]) -> bool:
-    """Slurm's record says the node is DOWN or not responding (``*``) now."""
-    state = fields.get("State", "").upper()
-    return "DOWN" in state or "NOT_RESPONDING" in state or state.endswith("*")
+    """Slurm's record says the node is DOWN or not responding now: its base state DOWN, or
+    the NOT_RESPONDING flag (``*`` after a state, in an older scontrol's words). Matched
+    by whole word: a node powered down to save power (``IDLE+POWERED_DOWN``,
+    ``POWER_DOWN``, ``POWERING_DOWN``) is no lost node."""
+    base, flags = node_state(fields)
+    return base == "DOWN" or "NOT_RESPONDING" in flags
+
+
+# The marks sinfo and older scontrols put after a state's name (``DOWN*``, ``IDLE~``).
+_STATE_MARKS = "*~#%!$@^-"
+
+
+def node_state(fields: Mapping[str, str]) -> tuple[str, frozenset[str]]:
+    """A node record's State as Slurm builds it: the base state, then its flags, each
+    after a ``+`` (``IDLE+DRAIN``, ``DOWN+NOT_RESPONDING``; ``("", {})`` when absent). A
+    ``*`` after a name is the NOT_RESPONDING flag; the other marks are dropped."""
+    words: list[str] = []
+    flags: set[str] = set()
+    for part in fields.get("State", "").upper().split("+"):
+        word = part.strip().rstrip(_STATE_MARKS)
+        if "*" in part.strip()[len(word):]:
+            flags.add("NOT_RESPONDING")
+        if word:
+            words.append(word)
+    return (words[0], frozenset(flags.union(words[1:]))) if words else ("", frozenset(flags))
 
 
 def node_rebooted(fields: Mapping[str, str], since: float) -> bool:

@@ -115,8 +115,11 @@ def test_a_reported_gpu_fault_is_hardware_only_once_root_confirms(
 # n2 as the first node's epilog finds it, and what Slurm's accounting says of the attempt
 N2_CASES: dict[str, tuple[dict[str, str | int], str | None]] = {
     "down": ({"State": "DOWN*", "Reason": "Not responding [slurm@2026-12-03T12:00:00]"}, None),
-    # the node booted again during the attempt: every process there died
-    "rebooted": ({"State": "IDLE", "Reason": "", "BootTime": 60}, None),
+    # the node booted again during the attempt, and Slurm requeued the job for a lost node
+    "rebooted, NODE_FAIL": ({"State": "IDLE", "Reason": "", "BootTime": 60}, "NODE_FAIL"),
+    # a BootTime past the attempt's start (another clock's) and the job's own requeue:
+    # Slurm did not end the attempt for a lost node, so no node was lost
+    "rebooted, own requeue": ({"State": "IDLE", "Reason": "", "BootTime": 60}, "REQUEUED"),
     # its slurmd restarted during the attempt, and Slurm requeued the job for a lost node
     "slurmd back, NODE_FAIL": ({"State": "IDLE", "SlurmdStartTime": 60}, "NODE_FAIL"),
     # its slurmd restarted (an upgrade), then the job requeued itself: no node was lost
@@ -133,11 +136,12 @@ def test_a_job_slurm_requeued_itself_is_released_never_requeued_twice(
     """n2's slurmd died: Slurm marked it down, ended the job and requeued it itself, so
     the surviving first node's epilog sees exit 0 and a PENDING job. That attempt is a
     node failure excluding n2 (not a success), and only the release is left to do; also
-    when n2 is already back (it booted again, or its slurmd started again and Slurm's
+    when n2 is already back (it booted again, or its slurmd started again, and Slurm's
     accounting ended the attempt as NODE_FAIL). A slurmd that only restarted under the
-    job, which then requeued itself, is no lost node (issue 37 item 1)."""
+    job, which then requeued itself, is no lost node (issue 37 item 1), nor is a node
+    whose BootTime reads as during the attempt where Slurm did not end it as NODE_FAIL."""
     record_n2, accounted = N2_CASES[n2]
-    lost = n2 in ("down", "rebooted", "slurmd back, NODE_FAIL")
+    lost = n2 in ("down", "rebooted, NODE_FAIL", "slurmd back, NODE_FAIL")
     ctx, cfg, state, record, _, _ = epilog_case(tmp_path, "success", "first", True)
     began = min(e.ts for e in JobStore(state).root_events() if isinstance(e, ev.PrologContext))
     n2_record = {k: datetime.fromtimestamp(began + v).isoformat(timespec="seconds")
@@ -159,11 +163,13 @@ def test_a_job_slurm_requeued_itself_is_released_never_requeued_twice(
     if lost:
         assert (end.kind, decision.action) == ("node_failure", "requeue"), end.detail
         assert {"down": "n2: DOWN* (Not responding)",
-                "rebooted": "n2: IDLE, back: it booted again at",
+                "rebooted, NODE_FAIL": "n2: IDLE, back: it booted again at",
                 "slurmd back, NODE_FAIL": "n2: IDLE, back: its slurmd started again at"
                 }[n2] in end.detail, end.detail
-    # Slurm's accounting is asked only when a slurmd restart is all there is to go by
-    assert bool(slurm.did("ended_attempts")) == n2.startswith("slurmd back"), slurm.calls
+    # Slurm's accounting is asked only when a node back (a slurmd restart, a reboot) is
+    # all there is to go by
+    assert bool(slurm.did("ended_attempts")) == n2.startswith(("slurmd back", "rebooted")), \
+        slurm.calls
     # recorded as a requeue jobwrap did not ask for, then only released
     [external] = [e for e in JobStore(state).root_events()
                   if isinstance(e, ev.RequeuedWithoutJobwrap)]

@@ -18,6 +18,8 @@ from wrapper.restart import judge as judge_mod
 from wrapper.restart import runloop
 from wrapper.restart.classify import Evidence
 from wrapper.restart.judge import Facts, Judgement, Remote, judge
+from wrapper.slurm.context import JobContext
+from wrapper.slurm.fake import FakeSlurm
 from wrapper.slurm.records import SlurmJob
 from wrapper.submit.directives import parse_args
 
@@ -136,3 +138,76 @@ def test_a_slurmd_restart_is_not_blamed_where_a_down_node_explains_the_node_fail
     assert list(lost_nodes(slurm, ctx, fail, since=began)) == ["n2"]
     slurm = FakeSlurm(nodes={"n2": {"State": "IDLE"}, "n3": restarted})
     assert list(lost_nodes(slurm, ctx, fail, since=began)) == ["n3"]
+
+
+
+def _two_node_epilog(job: dict[str, str], n2: dict[str, str],
+                     accounting: list[tuple[str, float | None]] | None = None
+                     ) -> tuple[JobContext, FakeSlurm]:
+    """The first node's epilog of a 2-node job 9 (attempt 0), n2 as Slurm shows it, and
+    Slurm's accounting of the job (None: the site keeps none)."""
+    import os
+
+    ctx = JobContext(hook="epilog", job_id="9", user="u", uid=os.getuid(), gid=os.getgid(),
+                     node="n1", nodes=["n1", "n2"], attempt=0)
+    slurm = FakeSlurm(jobs={"9": job}, nodes={"n2": n2},
+                      accounting={"9": accounting} if accounting is not None else {})
+    return ctx, slurm
+
+
+def _no_sleep(seconds: float) -> None:
+    pass
+
+
+def test_a_boot_time_past_the_start_is_no_loss_unless_slurm_ended_the_attempt() -> None:
+    """n2's BootTime (slurmctld's clock less n2's uptime) reads 5 s after the attempt's
+    start (the first node's prolog record, another clock): a node power saving resumed
+    just before the job, or clocks apart. The job requeued itself (Lightning): nothing
+    was lost. Only Slurm's own NODE_FAIL (its record, or its accounting) makes the boot a
+    loss; the times then only name the node."""
+    from datetime import datetime
+
+    from wrapper.restart.remote import lost_nodes
+
+    began = 1_800_000_000.0
+    booted = {"State": "IDLE", "BootTime": datetime.fromtimestamp(began + 5).isoformat()}
+    requeued = {"JobId": "9", "JobState": "PENDING", "Restarts": "1"}
+    ctx, slurm = _two_node_epilog(requeued, booted, [("REQUEUED", began + 60)])
+    assert lost_nodes(slurm, ctx, requeued, since=began, sleep=_no_sleep) == {}
+    ctx, slurm = _two_node_epilog(requeued, booted)  # no accounting: no loss
+    assert lost_nodes(slurm, ctx, requeued, since=began, sleep=_no_sleep) == {}
+    ctx, slurm = _two_node_epilog(requeued, booted, [("NODE_FAIL", began + 60)])
+    assert list(lost_nodes(slurm, ctx, requeued, since=began, sleep=_no_sleep)) == ["n2"]
+    fail = {"JobId": "9", "JobState": "NODE_FAIL", "Restarts": "0"}
+    ctx, slurm = _two_node_epilog(fail, booted)
+    got = lost_nodes(slurm, ctx, fail, since=began)
+    assert "booted again" in got["n2"] and not slurm.did("ended_attempts")
+
+
+def test_asking_slurms_accounting_never_runs_past_the_epilogs_deadline() -> None:
+    """sacct is asked up to four times over about 3 s while the requeued attempt's record
+    reaches slurmdbd: with 2 s of the epilog's budget left, the waits and asks stop
+    before its deadline, and each ask has at most the time left."""
+    from datetime import datetime
+
+    from wrapper.restart.remote import lost_nodes
+
+    began = 1_800_000_000.0
+    restarted = {"State": "IDLE",
+                 "SlurmdStartTime": datetime.fromtimestamp(began + 60).isoformat()}
+    requeued = {"JobId": "9", "JobState": "PENDING", "Restarts": "1"}
+    ctx, slurm = _two_node_epilog(requeued, restarted, [])  # not in slurmdbd yet
+    now = [100.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    deadline = now[0] + 2.0
+    got = lost_nodes(slurm, ctx, requeued, since=began, sleep=sleep, deadline=deadline,
+                     clock=lambda: now[0])
+    assert got == {} and now[0] <= deadline
+    assert 1 <= len(slurm.timeouts) < 4, slurm.timeouts
+    assert all(t is not None and t <= 2.0 for t in slurm.timeouts), slurm.timeouts
+    ctx, slurm = _two_node_epilog(requeued, restarted, [])
+    assert lost_nodes(slurm, ctx, requeued, since=began, sleep=_no_sleep) == {}
+    assert slurm.timeouts == [None] * 4  # no deadline given: asked as before

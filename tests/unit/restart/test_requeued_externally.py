@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.epilog import JOB, EpilogCase
+from tests.support.epilog import JOB, MAX_RESTARTS, EpilogCase
 from wrapper.hooks.epilog import decide_attempt
 from wrapper.hooks.services import Services
 from wrapper.job import events as ev
@@ -91,6 +91,50 @@ def test_a_faulty_node_stays_excluded_when_the_job_requeued_itself() -> None:
     assert told.action == "requeue" and told.reason.startswith(
         "requeued before its time limit by jobwrap's supervisor once the checkpoint it asked "
         "for was saved (/ck/step_110")
+
+
+@pytest.mark.parametrize("kind", ["walltime", "success", "node_failure"])
+def test_a_job_its_own_requeue_put_past_the_restart_limit_is_not_released(
+        tmp_path: Path, epilog_case: EpilogCase, kind: str) -> None:
+    """Attempt 3 of a job with --max-restarts=3 requeued itself (Lightning's auto-requeue;
+    Slurm's Restarts is 4): the requeue is recorded, never asked again, and the job is
+    not made eligible at once; the decision is a stop that says the limit is past."""
+    ctx, cfg, state, record, slurm, _ = epilog_case(tmp_path, kind, "at_limit", True)
+    assert ctx.attempt == MAX_RESTARTS
+    slurm.jobs[JOB]["Restarts"] = str(MAX_RESTARTS + 1)
+    spawned: list[Sequence[str]] = []
+    decision, _ = decide_attempt(ctx, cfg, state, record, slurm, gpu_check_failed=False,
+                                 services=Services(cfg, spawn=spawned.append,
+                                                   gpu_confirm=lambda node, gpus: []))
+    assert spawned == [] and slurm.did("requeue") == []  # no release, no second requeue
+    assert decision.action == "stop" and "past its restart limit" in decision.reason
+    events = JobStore(state).root_events()
+    [external] = [e for e in events if isinstance(e, ev.RequeuedWithoutJobwrap)]
+    assert (external.attempt, external.restarts) == (MAX_RESTARTS, MAX_RESTARTS + 1)
+    [end] = [e for e in events if isinstance(e, ev.AttemptEnd)]
+    assert end.decision == "stop"
+    told = Path(record.stdout).read_text()
+    assert "does not release it" in told
+
+
+def test_a_requeue_within_the_restart_limit_is_released_and_skips_do_not_count() -> None:
+    job = SlurmJob.of({"JobId": JOB, "JobState": "PENDING", "Restarts": "3"})
+    walltime = Classification("walltime", "time limit", "walltime")
+    within, event = hold_back(Decision("requeue", "walltime"), walltime, attempt=2,
+                              node="n1", job=job, max_restarts=3)
+    assert within.action == "requeue" and event is not None
+    past, event = hold_back(Decision("requeue", "walltime"), walltime, attempt=2,
+                            node="n1", job=job, max_restarts=2)
+    assert past.action == "stop" and "restart 3 of at most --max-restarts=2" in past.reason
+    assert event is not None and event.reason == past.reason
+    # one attempt before was Slurm's without jobwrap's prolog: 2 restarts spent, not 3
+    spared, _ = hold_back(Decision("requeue", "walltime"), walltime, attempt=2, node="n1",
+                          job=job, max_restarts=2, spent=1)
+    assert spared.action == "requeue"
+    # the supervisor's save-and-requeue past the limit is not released either
+    saved, _ = hold_back(Decision("stop", "success"), walltime, attempt=2, node="n1",
+                         job=job, saved="/ck/step_9", max_restarts=2)
+    assert saved.action == "stop"
 
 
 def test_the_ended_attempt_is_the_one_root_started_here(tmp_path: Path,

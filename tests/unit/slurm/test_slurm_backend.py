@@ -251,3 +251,24 @@ def test_accountings_attempts_are_read_by_the_jobs_own_id() -> None:
         ("CANCELLED", slurm_timestamp("2026-12-05T10:06:00")), ("RUNNING", None)]
     assert runner.calls[-1][0] == ["sacct", "-n", "-P", "-X", "-D", "-j", "77", "-o",
                                    "JobIDRaw,State,End"]
+
+
+def test_an_accounting_ask_has_at_most_the_time_its_caller_has_left() -> None:
+    """The epilog's poll of sacct passes what is left of its budget: sacct is given no
+    more, and never more than ``command_timeout``."""
+
+    class TimedRunner(CannedRunner):
+        def __init__(self, outputs: dict[str, str]) -> None:
+            super().__init__(outputs)
+            self.timeouts: list[float] = []
+
+        def run(self, argv, *, timeout, input=None, check=True, cwd=None):  # type: ignore[no-untyped-def]
+            self.timeouts.append(timeout)
+            return super().run(argv, timeout=timeout, input=input, check=check, cwd=cwd)
+
+    runner = TimedRunner({"sacct": "77|NODE_FAIL|2026-12-05T10:05:00\n"})
+    cli = CliBackend(SlurmConfig(command_timeout=10.0), runner)
+    cli.ended_attempts("77", timeout=1.5)
+    cli.ended_attempts("77", timeout=60.0)
+    cli.ended_attempts("77")
+    assert runner.timeouts == [1.5, 10.0, 10.0]

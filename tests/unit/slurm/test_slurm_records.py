@@ -21,7 +21,9 @@ from wrapper.slurm.records import (
     SlurmJob,
     from_json_job,
     from_json_node,
+    node_down,
     node_lost,
+    node_state,
     parse_gres_gpus,
     parse_job_text,
     slurm_timestamp,
@@ -236,6 +238,31 @@ def test_json_of_real_slurm_25_11_node() -> None:
                    "Reason": "", "Partitions": "debug",
                    "SlurmdStartTime": datetime.fromtimestamp(1796300725).isoformat(),
                    "BootTime": datetime.fromtimestamp(1796288881).isoformat()}
+
+
+@pytest.mark.parametrize(("state", "down"), [
+    ("DOWN", True), ("DOWN*", True), ("DOWN*+DRAIN", True), ("IDLE*", True),
+    ("DOWN+NOT_RESPONDING", True), ("MIXED+NOT_RESPONDING", True), ("down~", True),
+    ("IDLE+POWERED_DOWN", False), ("IDLE+CLOUD+POWERED_DOWN", False),
+    ("IDLE+POWER_DOWN", False), ("IDLE+POWERING_DOWN", False), ("POWERED_DOWN", False),
+    ("POWERING_DOWN+DRAIN", False), ("IDLE+DRAIN", False), ("MIXED", False), ("", False),
+])
+def test_a_node_is_down_by_its_base_state_or_flag_never_a_part_of_a_word(
+        state: str, down: bool) -> None:
+    """Slurm's State is a base state and ``+`` flags: a node powered down to save power
+    (POWERED_DOWN, POWER_DOWN, POWERING_DOWN) is not DOWN, nor lost."""
+    assert node_down({"State": state}) is down
+    assert node_lost({"State": state}) is down
+    from_json = from_json_node({"nodes": [{"name": "n2", "state": state.split("+")}]})
+    assert node_down(from_json) is down
+
+
+def test_a_node_state_reads_as_its_base_and_its_flags() -> None:
+    assert node_state({"State": "IDLE+CLOUD+POWERED_DOWN"}) == (
+        "IDLE", frozenset({"CLOUD", "POWERED_DOWN"}))
+    assert node_state({"State": "DOWN*+DRAIN"}) == (
+        "DOWN", frozenset({"DRAIN", "NOT_RESPONDING"}))
+    assert node_state({}) == ("", frozenset())
 
 
 def test_a_node_that_came_back_during_the_attempt_was_lost() -> None:
