@@ -75,6 +75,28 @@ class CliBackend:
         self.config = config
         self.runner = runner or Runner()
         self.json_supported: bool | None = None  # found out on the first record read
+        self._own_ids: dict[str, str] = {}
+
+    def _this_job(self, job_id: str) -> str:
+        """The id that names this job alone in scancel and ``scontrol update/requeue``.
+
+        The first task of an array has the array's own id as its numeric JobId, and Slurm
+        reads that id, bare, as every task of the array: the task is named ``A_T`` then
+        (its task id from squeue's numeric columns, asked once). Any other job, and one
+        squeue cannot tell about, keeps its id."""
+        job = _job_id(job_id)
+        if job in self._own_ids:
+            return self._own_ids[job]
+        argv = [self.config.squeue_command, "-h", "-r", "-t", "all", "-j", job, "-o",
+                "%A %F %K"]
+        try:
+            out = self.runner.run(argv, timeout=self.config.command_timeout).stdout
+        except CommandError:
+            return job
+        tasks = {words[2] for words in (ln.split() for ln in out.splitlines())
+                 if len(words) == 3 and words[0] == words[1] == job and words[2].isdigit()}
+        self._own_ids[job] = f"{job}_{tasks.pop()}" if len(tasks) == 1 else job
+        return self._own_ids[job]
 
     def recall_abilities(self, state_dir: str) -> None:
         """Spare the prolog a failing ``scontrol --json`` per job where this scontrol has
@@ -169,16 +191,25 @@ class CliBackend:
         job = _job_id(job_id)
         data = self._json("show", "job", job)
         if data is not None:
-            return from_json_job(data, job)
+            return self._learn_own_id(job, from_json_job(data, job))
         out = self._scontrol("-o", "show", "job", job)
         if not out.strip():
             raise SlurmError(f"scontrol show job {job_id} printed nothing")
         if record_head(out).get("ArrayJobId") == job:
             out = self._array_task_text(job)
         try:
-            return parse_job_text(out)
+            return self._learn_own_id(job, parse_job_text(out))
         except AmbiguousJobName:
-            return parse_job_text(out, name=self._job_name(job))
+            return self._learn_own_id(job, parse_job_text(out, name=self._job_name(job)))
+
+    def _learn_own_id(self, job: str, fields: dict[str, str]) -> dict[str, str]:
+        """The record says whether ``job`` is the array task holding the array's own id
+        (``_this_job`` then asks squeue nothing)."""
+        task = fields.get("ArrayTaskId", "")
+        if fields.get("JobId") == job:
+            self._own_ids[job] = f"{job}_{task}" if fields.get("ArrayJobId") == job \
+                and task.isdigit() else job
+        return fields
 
     def _array_task_text(self, job: str) -> str:
         """The one record of the array task whose numeric id is the array's own.
@@ -297,7 +328,7 @@ class CliBackend:
 
     def signal_job(self, job_id: str, signal: str, *, full: bool = False) -> None:
         """Send a signal to the job's steps (``full``: to the batch script too)."""
-        argv = [self.config.scancel_command, f"--signal={signal}", _job_id(job_id)]
+        argv = [self.config.scancel_command, f"--signal={signal}", self._this_job(job_id)]
         if full:
             argv.insert(1, "--full")
         try:
@@ -330,9 +361,9 @@ class CliBackend:
 
     def release_now(self, job_id: str, exclude: list[str] | None = None) -> None:
         """Make a pending (requeued) job eligible at once, away from ``exclude``."""
-        job = _job_id(job_id)
+        job = self._this_job(job_id)
         if exclude:
-            self.exclude_nodes(job, exclude)
+            self.exclude_nodes(job_id, exclude)
         self._scontrol("update", f"JobId={job}", "StartTime=now")
 
     def drain_node(self, node: str, reason: str) -> str:
@@ -346,7 +377,7 @@ class CliBackend:
 
     def requeue(self, job_id: str, *, hold: bool = False, eligible_now: bool = False) -> None:
         """Requeue a batch job; ``eligible_now`` skips Slurm's fixed requeue delay."""
-        job = _job_id(job_id)
+        job = self._this_job(job_id)
         self._scontrol("requeuehold" if hold else "requeue", job)
         if eligible_now and not hold:
             self._scontrol("update", f"JobId={job}", "StartTime=now")
@@ -361,7 +392,8 @@ class CliBackend:
 
         folder = tempfile.mkdtemp(prefix="jobwrap-shrink-")
         try:
-            self.runner.run([self.config.scontrol_command, "update", f"JobId={_job_id(job_id)}",
+            self.runner.run([self.config.scontrol_command, "update",
+                             f"JobId={self._this_job(job_id)}",
                              f"NodeList={','.join(_node(n) for n in keep)}"],
                             timeout=self.config.command_timeout, cwd=folder)
         except CommandError as exc:
@@ -378,7 +410,7 @@ class CliBackend:
         """
         job = _job_id(job_id)
         try:
-            self._scontrol("update", f"JobId={job}", f"AdminComment={text}")
+            self._scontrol("update", f"JobId={self._this_job(job)}", f"AdminComment={text}")
             return
         except SlurmError as exc:
             first = str(exc)
@@ -432,5 +464,5 @@ class CliBackend:
         current = self.job_info(job).get("ExcNodeList", "")
         have = expand_hostlist(current) if current and current != "(null)" else []
         merged = have + [_node(n) for n in nodes if n not in have]
-        self._scontrol("update", f"JobId={job}", f"ExcNodeList={','.join(merged)}")
+        self._scontrol("update", f"JobId={self._this_job(job)}", f"ExcNodeList={','.join(merged)}")
         return merged

@@ -41,10 +41,51 @@ def test_commands_sent_to_scontrol() -> None:
         ["/opt/slurm/bin/scontrol", "update", "NodeName=n2", "State=DRAIN",
          "Reason=jobwrap: ecc on gpu 1"],
         ["/opt/slurm/bin/scontrol", "update", "NodeName=n2", "State=RESUME"],
+        ["squeue", "-h", "-r", "-t", "all", "-j", "12", "-o", "%A %F %K"],  # an array task?
         ["/opt/slurm/bin/scontrol", "requeue", "12"],
         ["/opt/slurm/bin/scontrol", "update", "JobId=12", "StartTime=now"],
+        ["squeue", "-h", "-r", "-t", "all", "-j", "13", "-o", "%A %F %K"],
         ["/opt/slurm/bin/scontrol", "requeuehold", "13"],
     ]
+
+
+class ArrayRunner(Runner):
+    """squeue answers as for array 40 (tasks 40_0 .. 40_2: numeric ids 40, 41, 42) and a
+    plain job 50; every other command is recorded and succeeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    def run(self, argv, *, timeout, input=None, check=True, cwd=None):  # type: ignore[no-untyped-def]
+        self.calls.append(list(argv))
+        if argv[0] == "squeue":
+            job = argv[argv.index("-j") + 1]
+            text = {"40": "40 40 0\n41 40 1\n42 40 2\n", "41": "41 40 1\n",
+                    "50": "50 50 N/A\n"}.get(job, "")
+            return super().run(["printf", text], timeout=timeout)
+        return super().run(["true"], timeout=timeout)
+
+
+@pytest.mark.parametrize(("job", "named"), [("40", "40_0"), ("41", "41"), ("50", "50")])
+def test_an_action_on_an_array_task_names_that_task_alone(job: str, named: str) -> None:
+    """The array's first task has the array's own number as its JobId, which scancel and
+    scontrol read as every task: ending, requeueing or releasing it names it as A_T."""
+    runner = ArrayRunner()
+    cli = CliBackend(SlurmConfig(), runner)
+    cli.signal_job(job, "KILL", full=True)
+    cli.requeue(job, eligible_now=True)
+    cli.release_now(job)
+    cli.shrink_job(job, ["n1"])
+    acted = [c for c in runner.calls if c[0] != "squeue"]
+    assert acted == [
+        ["scancel", "--full", "--signal=KILL", named],
+        ["scontrol", "requeue", named],
+        ["scontrol", "update", f"JobId={named}", "StartTime=now"],
+        ["scontrol", "update", f"JobId={named}", "StartTime=now"],
+        ["scontrol", "update", f"JobId={named}", "NodeList=n1"],
+    ]
+    assert sum(c[0] == "squeue" for c in runner.calls) == 1  # asked once per backend
 
 
 @pytest.mark.parametrize("bad", ["n1 State=RESUME", "n1;reboot", "../x", ""])
@@ -72,13 +113,14 @@ def test_an_admin_comment_falls_back_to_sacctmgr_once_the_job_has_finished(
     with pytest.raises(SlurmError, match=r"scontrol update.*; and then .*sacctmgr -i modify"):
         cli.set_admin_comment("12", "jobwrap: a0=hang/stop ettr=0.50")
     assert runner.calls == [
+        ["squeue", "-h", "-r", "-t", "all", "-j", "12", "-o", "%A %F %K"],  # an array's?
         [str(tmp_path / "scontrol"), "update", "JobId=12",
          "AdminComment=jobwrap: a0=hang/stop ettr=0.50"],
         [str(tmp_path / "sacctmgr"), "-i", "modify", "job", "where", "jobid=12", "set",
          "AdminComment=jobwrap: a0=hang/stop ettr=0.50"]]
     with pytest.raises(SlurmError, match="not a Slurm job id"):
         cli.set_admin_comment("12 AdminComment=x", "y")
-    assert len(runner.calls) == 2
+    assert len(runner.calls) == 3
 
 
 class RecordingCalls(Runner):
@@ -222,11 +264,16 @@ def test_the_array_task_holding_the_arrays_own_id_is_read_alone() -> None:
     got = cli.job_info("460")
     assert (got["JobId"], got["ArrayTaskId"], got["JobState"]) == ("460", "1", "RUNNING")
     assert [c[0][-1] for c in runner.calls] == ["460", "%A %K", "460_1"]
+    # acting on it names that task alone, from the record read: squeue is not asked again
+    cli.requeue("460")
+    assert runner.calls[-1][0] == ["scontrol", "requeue", "460_1"] and len(runner.calls) == 4
     # a task's own numeric id prints that task alone: read as it is, nothing more asked
     runner = CannedRunner({"461": rec("461", "0", "RUNNING") + "\n"})
     cli = CliBackend(SlurmConfig(scontrol_command="scontrol"), runner)
     cli.json_supported = False
     assert cli.job_info("461")["ArrayTaskId"] == "0" and len(runner.calls) == 1
+    cli.signal_job("461", "TERM")
+    assert runner.calls[-1][0] == ["scancel", "--signal=TERM", "461"] and len(runner.calls) == 2
     # no one running task holds the array's id (a pending remainder, A_[2-5]): an error
     runner = CannedRunner({"%A %K": "461 0\n460 2-5\n", "460": listing})
     cli = CliBackend(SlurmConfig(scontrol_command="scontrol"), runner)
