@@ -90,7 +90,9 @@ class Section:
 
 class PathsConfig(Section):
     state_dir: str = _opt("/var/lib/jobwrap", "Per-job state (events) and node state; "
-                          "node-local, owned by root.", absolute=True)
+                          "node-local, owned by root. {node} in it (and in scratch_root, "
+                          "cache_root, [log] file, [metrics] textfile) is the node's Slurm "
+                          "name, for a host that runs several slurmd.", absolute=True)
     scratch_root: str = _opt("/local/jobwrap", "Node-local scratch; each job gets "
                              "<scratch_root>/<jobid>, owned by the job user, mode 0700.",
                              absolute=True)
@@ -621,8 +623,12 @@ def resolve_path(explicit: str | None, env: dict[str, str] | None = None) -> tup
     return DEFAULT_PATH, False
 
 
-def load(explicit: str | None = None, env: dict[str, str] | None = None) -> Config:
-    """Load the effective configuration, raising ConfigError with every problem found."""
+def load(explicit: str | None = None, env: dict[str, str] | None = None,
+         node: str | None = None) -> Config:
+    """Load the effective configuration, raising ConfigError with every problem found.
+
+    ``{node}`` in a node-local path (NODE_LOCAL) is this node's Slurm name: ``node``,
+    else ``$SLURMD_NODENAME``, else the short hostname."""
     path, required = resolve_path(explicit, env)
     try:
         raw = Path(path).read_bytes()
@@ -633,7 +639,52 @@ def load(explicit: str | None = None, env: dict[str, str] | None = None) -> Conf
         return Config()
     except OSError as exc:
         raise ConfigError(path, [f"cannot read the file: {exc.strerror}"]) from None
-    return parse(raw, path)
+    return for_node(parse(raw, path), node, env)
+
+
+# The keys whose folders a node keeps to itself. One config file serves every node; where
+# several nodes share a host's disk (the sandbox: slurmd per node on one machine), ``{node}``
+# in these gives each its own, as /var/lib/jobwrap is its own on a real node. The archive
+# is not among them: it is the one shared place (login nodes read it).
+NODE_LOCAL = (("paths", "state_dir"), ("paths", "scratch_root"), ("paths", "cache_root"),
+              ("log", "file"), ("metrics", "textfile"))
+
+
+def this_node(env: dict[str, str] | None = None) -> str:
+    """This node's Slurm name: ``$SLURMD_NODENAME`` (Slurm sets it for hooks, jobs and
+    steps), else the short hostname."""
+    import socket
+
+    environ = os.environ if env is None else env
+    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def _node_name_problem(node: str) -> str | None:
+    if not node or len(node) > 64 or node.startswith(".") or any(
+            not (c.isascii() and (c.isalnum() or c in "._-")) for c in node):
+        return (f"node name {node!r} cannot name a folder (letters, digits, '.', '_', '-'; "
+                "at most 64; not starting with '.')")
+    return None
+
+
+def for_node(cfg: Config, node: str | None = None, env: dict[str, str] | None = None
+             ) -> Config:
+    """``cfg`` with ``{node}`` in its node-local paths replaced by ``node`` (by default
+    ``this_node(env)``, looked up only where a path needs it)."""
+    templated = [(s, k) for s, k in NODE_LOCAL if "{node}" in getattr(getattr(cfg, s), k)]
+    if not templated:
+        return cfg
+    node = node or this_node(env)
+    problem = _node_name_problem(node)
+    if problem:
+        raise ConfigError(cfg.source, [f"[{s}] {k} has {{node}} but the {problem}"
+                                       for s, k in templated])
+    sections: dict[str, Any] = {}
+    for section, key in templated:
+        current = sections.get(section, getattr(cfg, section))
+        sections[section] = current.replace(
+            **{key: getattr(current, key).replace("{node}", node)})
+    return cfg.replace(**sections)
 
 
 def parse(raw: bytes, path: str) -> Config:

@@ -36,9 +36,11 @@ def spawn(argv: Sequence[str], env: Mapping[str, str]) -> int:
 
 
 def hook_env(config_source: str) -> dict[str, str]:
-    """The environment a detached jobwrap process needs: where Slurm and the config are."""
+    """The environment a detached jobwrap process needs: where Slurm and the config are,
+    and which node this is (the config's ``{node}`` paths: its own state folder)."""
     env = {k: v for k, v in os.environ.items()
-           if k in ("PATH", "SLURM_CONF", "JOBWRAP_CONFIG", "LANG", "LC_ALL", "TZ")}
+           if k in ("PATH", "SLURM_CONF", "JOBWRAP_CONFIG", "LANG", "LC_ALL", "TZ",
+                    "SLURMD_NODENAME")}
     if config_source != "(defaults)":
         env["JOBWRAP_CONFIG"] = config_source
     return env

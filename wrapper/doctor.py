@@ -55,7 +55,7 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
     """
     environ = dict(os.environ if env is None else env)
     findings: list[Finding] = []
-    cfg, finding = _check_config(config_path, environ)
+    cfg, finding = _check_config(config_path, environ, node)
     findings.append(finding)
     conf_path = Path(slurm_conf or environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)
     try:
@@ -100,12 +100,13 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
     return findings, versions
 
 
-def _check_config(config_path: str | None, env: Mapping[str, str]) -> tuple[Config, Finding]:
+def _check_config(config_path: str | None, env: Mapping[str, str], node: str = ""
+                  ) -> tuple[Config, Finding]:
     from wrapper import config
     from wrapper.errors import ConfigError
 
     try:
-        cfg = config.load(config_path, dict(env))
+        cfg = config.load(config_path, dict(env), node=node or None)
     except ConfigError as exc:
         return Config(), Finding("config", "fail", str(exc), "fix the keys listed (jobwrap "
                                  "config defaults shows every key); the checks below use "

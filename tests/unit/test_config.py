@@ -133,3 +133,26 @@ def test_cli_config_show_prints_the_effective_config(tmp_path: Path) -> None:
     assert config.parse(res.stdout.encode(), "shown").paths.state_dir == "/srv/state"
     res = run_cli("--config", path, "config", "show", "--json")
     assert '"state_dir": "/srv/state"' in res.stdout
+
+
+def test_node_local_paths_take_the_nodes_own_name(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.toml", '[paths]\nstate_dir = "/srv/{node}/state"\n'
+                 'scratch_root = "/srv/{node}/scratch"\narchive_root = "/shared/{node}"\n'
+                 '[log]\nfile = "/var/log/{node}.log"\n')
+    cfg = config.load(path, env={"SLURMD_NODENAME": "gpu-a01"})
+    assert (cfg.paths.state_dir, cfg.paths.scratch_root, cfg.log.file) == \
+        ("/srv/gpu-a01/state", "/srv/gpu-a01/scratch", "/var/log/gpu-a01.log")
+    assert cfg.paths.archive_root == "/shared/{node}"  # the shared place is not per node
+    assert config.load(path, env={"SLURMD_NODENAME": "x"}, node="n7").paths.state_dir == \
+        "/srv/n7/state"  # --node wins over the environment
+
+
+@pytest.mark.parametrize("node", ["../n2", "n1/../../etc", ".hidden", "a b", "x" * 65])
+def test_a_node_name_that_cannot_be_a_folder_is_refused(tmp_path: Path, node: str) -> None:
+    path = write(tmp_path / "c.toml", '[paths]\nstate_dir = "/srv/{node}/state"\n')
+    with pytest.raises(ConfigError) as caught:
+        config.load(path, env={"SLURMD_NODENAME": node})
+    assert "[paths] state_dir has {node}" in str(caught.value), caught.value
+    # a file without {node} needs no name
+    plain = write(tmp_path / "p.toml", '[paths]\nstate_dir = "/srv/state"\n')
+    assert config.load(plain, env={"SLURMD_NODENAME": node}).paths.state_dir == "/srv/state"

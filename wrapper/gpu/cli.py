@@ -42,8 +42,8 @@ def check(target: str, as_json: bool, dump: str | None, resume: bool, node: str 
     from wrapper.gpu.backend import open_probe
 
     path: str | None = click.get_current_context().find_root().obj["config_path"]
-    cfg = config_mod.load(path)
     name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    cfg = config_mod.load(path, node=name)
     probe = open_probe(cfg.gpu, name)
     try:
         if dump is not None:

@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from wrapper.job import state as state_mod
 
     os.chdir("/")
-    cfg = config.load(None)
+    cfg = config.load(None, node=args.node)
     log.configure(file=cfg.log.file, level=cfg.log.level, stderr_format="logfmt")
     log.bind(hook="watch", job_id=args.job_id, node=args.node, attempt=args.attempt)
     gpus = [int(g) for g in args.gpus.split(",") if g]
