@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from wrapper import config as config_mod
+from wrapper.archive import parts, store
 from wrapper.archive import status as status_mod
-from wrapper.archive import store
 from wrapper.config import Config
 from wrapper.errors import FormatTooNew, JobwrapError, UserInputError
 from wrapper.fastdataclass import dataclass
@@ -224,7 +224,7 @@ def _say(line: str) -> None:
 def _archived_manifest(root: str, job_id: str, index: Index | None) -> dict[str, Any]:
     """A job's manifest: its folder found through the index (one manifest read), else by
     trying each user's folder the caller may enter."""
-    store.check_job_id(job_id)
+    parts.check_job_id(job_id)
     users = index.locate(job_id) if index is not None else []
     for user in users:
         with contextlib.suppress(JobwrapError):

@@ -196,7 +196,7 @@ def _apply(summary: AttemptSummary, event: ev.Event) -> None:
         summary.spares_held = max(summary.spares_held, event.spare_nodes)
     elif isinstance(event, ev.RunRestarted) and ts is not None and \
             ts <= time.time() and len(summary.in_place) < MAX_IN_PLACE:
-        from wrapper.restart.classify import PREEMPTED, RETRYABLE, UNCHECKED
+        from wrapper.job.kinds import PREEMPTED, RETRYABLE, UNCHECKED
 
         # what jobwrap run restarts on (never a preemption or a skipped prolog)
         restarts_on = RETRYABLE - {PREEMPTED, UNCHECKED}

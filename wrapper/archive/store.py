@@ -34,8 +34,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
-import pwd
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -59,18 +57,24 @@ from wrapper.archive._fs import (
 )
 from wrapper.archive.info import ArchiveInfo, info_of
 from wrapper.archive.manifest import MANIFEST, SCHEMA_VERSION
+from wrapper.archive.parts import (
+    _ATTEMPT,
+    _JOB_ID,
+    PART,
+    PART_FORMAT,
+    check_job_id,
+    check_name,
+    find_job,
+    read_parts,
+    users,
+)
 from wrapper.archive.spool import spool
 from wrapper.errors import format_of
 from wrapper.fastdataclass import dataclass
 from wrapper.osl import dirs
 
-PART = "part.json"
-PART_FORMAT = 1  # a part's "format" (docs/upgrades.md); absent: 1
 STALE_TEMP_S = 86400.0  # a temporary folder this old is an epilog that died
 MTIME_SLACK_S = 3600.0  # clocks of the nodes and the archive's file server may differ
-_JOB_ID = re.compile(r"^[0-9]{1,12}$")
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@-]{0,127}$")  # user and node names
-_ATTEMPT = re.compile(r"^attempt-([0-9]{1,6})$")
 
 __all__ = [
     "ArchiveError",
@@ -86,18 +90,6 @@ __all__ = [
 
 def attempt_dir(attempt: int) -> str:
     return f"attempt-{attempt}"
-
-
-def check_name(what: str, name: str) -> str:
-    if not _NAME.match(name):
-        raise ArchiveError(f"{what} {name!r} cannot name a folder of the archive")
-    return name
-
-
-def check_job_id(job_id: str) -> str:
-    if not _JOB_ID.match(job_id):
-        raise ArchiveError(f"{job_id!r} is not a job id")
-    return job_id
 
 
 # -- writing ------------------------------------------------------------------------------
@@ -257,37 +249,6 @@ class Writer:
         self._fds.clear()
 
 
-def read_parts(job_fd: int, where: str = "") -> list[dict[str, Any]]:
-    """Every part's record below a job folder (or a temporary one); FormatTooNew for a
-    part a newer jobwrap wrote (``where``: the folder, for its message)."""
-    parts = []
-    for attempt_entry in entries(job_fd):
-        match = _ATTEMPT.match(attempt_entry.name)
-        if not match or not attempt_entry.is_dir(follow_symlinks=False):
-            continue
-        attempt_fd = open_dir(job_fd, attempt_entry.name)
-        try:
-            for node_entry in entries(attempt_fd):
-                if not _NAME.match(node_entry.name) or not node_entry.is_dir(
-                        follow_symlinks=False):
-                    continue
-                node_fd = open_dir(attempt_fd, node_entry.name)
-                try:
-                    part = read_json(node_fd, PART)
-                finally:
-                    os.close(node_fd)
-                if part is not None:
-                    format_of(part, "format", known=PART_FORMAT, what="archive part",
-                              path=os.path.join(where or "<job folder>", attempt_entry.name,
-                                                node_entry.name, PART))
-                    part.pop("format", None)
-                    parts.append({**part, "attempt": int(match.group(1)),
-                                  "node": node_entry.name})
-        finally:
-            os.close(attempt_fd)
-    return sorted(parts, key=lambda p: (p["attempt"], p["node"]))
-
-
 def _has(job_fd: int, attempt_name: str, node: str) -> bool:
     attempt_fd = open_dir(job_fd, attempt_name)
     try:
@@ -328,7 +289,7 @@ def scan(root: str, user: str | None = None, since: float | None = None, *,
         return  # nothing archived yet
     root_fd = open_root(root, create=False)
     try:
-        for user_name in _users(root_fd, user):
+        for user_name in users(root_fd, user):
             try:
                 user_fd = open_dir(root_fd, user_name)
             except (PermissionError, FileNotFoundError):
@@ -356,7 +317,7 @@ def load_manifest(root: str, job_id: str, user: str | None = None) -> dict[str, 
     FormatTooNew when a newer jobwrap wrote it (its ``schema_version``)."""
     root_fd = open_root(root, create=False)
     try:
-        owner, job_fd = _find(root_fd, check_job_id(job_id), user)
+        owner, job_fd = find_job(root_fd, check_job_id(job_id), user)
         try:
             manifest = read_json(job_fd, MANIFEST)
         finally:
@@ -378,7 +339,7 @@ def extract(root: str, job_id: str, dest: str, user: str | None = None) -> list[
     """
     root_fd = open_root(root, create=False)
     try:
-        _, job_fd = _find(root_fd, check_job_id(job_id), user)
+        _, job_fd = find_job(root_fd, check_job_id(job_id), user)
     finally:
         os.close(root_fd)
     try:
@@ -446,36 +407,6 @@ def _extract_one(job_fd: int, source: tuple[str, ...], dest_fd: int,
     finally:
         for fd in reversed(opened):
             os.close(fd)
-
-
-def _users(root_fd: int, user: str | None) -> list[str]:
-    if user is not None:
-        return [check_name("user", user)]
-    try:
-        return sorted(e.name for e in entries(root_fd)
-                      if _NAME.match(e.name) and e.is_dir(follow_symlinks=False))
-    except OSError:
-        # A user may not list the root (0711), only reach their own folder.
-        try:
-            return [pwd.getpwuid(os.getuid()).pw_name]
-        except KeyError:
-            return []
-
-
-def _find(root_fd: int, job_id: str, user: str | None) -> tuple[str, int]:
-    for user_name in _users(root_fd, user):
-        try:
-            user_fd = open_dir(root_fd, user_name)
-        except (PermissionError, FileNotFoundError):
-            continue
-        try:
-            return user_name, open_dir(user_fd, job_id)
-        except (PermissionError, FileNotFoundError):
-            continue
-        finally:
-            os.close(user_fd)
-    raise ArchiveError(f"no archive of job {job_id}" + (f" for user {user}" if user else "")
-                       + " (or none you may read)")
 
 
 def _read(root: str, user_fd: int, user: str, job_id: str,
@@ -557,7 +488,7 @@ def _remove_job(root_fd: int, info: ArchiveInfo) -> bool:
 
 
 def _remove_stale_temporaries(root_fd: int, now: float) -> None:
-    for user_name in _users(root_fd, None):
+    for user_name in users(root_fd, None):
         user_fd = open_dir(root_fd, user_name)
         try:
             for entry in entries(user_fd):

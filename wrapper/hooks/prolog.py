@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TextIO
 
 from wrapper import log
@@ -30,6 +30,10 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     store = JobStore(state)
     store.record(ev.PrologContext(node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                                   context=ctx.as_dict()))
+    if ctx.attempt > 0:  # root's verdicts on the earlier attempts, made on other nodes
+        from wrapper.archive.carry import earlier_verdicts
+
+        earlier_verdicts(cfg, store, job_id=ctx.job_id, user=ctx.user, attempt=ctx.attempt)
     if services is None:
         from wrapper.hooks.services import Services
 
@@ -52,6 +56,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
 
                 store.record(ev.PrologUnhealthy(attempt=ctx.attempt, node=ctx.node,
                                                 reason=report.drain_reason()))
+                _archive_refusal(ctx, cfg, state, gathered, started)
                 # Slurm requeues the job only once this prolog has exited: until then
                 # it is still RUNNING, which the release waits out.
                 detach.start_release(ctx.job_id, cfg.source, [ctx.node], running_grace=30,
@@ -90,3 +95,26 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     watch.start(ctx, cfg, state, services.spawn)  # this node's root fault feed (wrapper/watch/)
     logger.info("prolog.done", gpus=ctx.gpus)
     return EXIT_OK
+
+
+def _archive_refusal(ctx: JobContext, cfg: Config, state: state_mod.JobState,
+                     gathered: Callable[[], tuple[jobrecord.JobRecord, str]],
+                     started: float) -> None:
+    """This node's part of the refused attempt in the job's archive, where the next
+    attempt's nodes (most often others: this one is excluded) find root's word of it
+    (``archive/carry``): each node keeps its state folder to itself, and Slurm may run no
+    epilog here before the job starts again. Within what is left of the prolog's budget;
+    never a failure of its own."""
+    left = started + cfg.hooks.prolog_budget - time.monotonic() - 1.0
+    if not cfg.archive.enabled or left < 1.0:
+        return
+    try:
+        record, _script = gathered()
+    except JobwrapError as exc:
+        log.get().warning("prolog.refusal_not_archived", error=str(exc))
+        return
+    from wrapper.archive import archive_attempt
+
+    budgeted = cfg.replace(archive=cfg.archive.replace(budget=min(cfg.archive.budget, left)))
+    archive_attempt(budgeted, state, record, attempt=ctx.attempt, node=ctx.node,
+                    script_text="", extra={})

@@ -96,9 +96,23 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
             node=ctx.node, hook=ctx.hook, attempt=ctx.attempt, uid=os.getuid(),
             step=environ.get("SLURM_STEP_ID", ""), task=environ.get("SLURM_PROCID", ""),
             context=ctx.as_dict(), exports=values, extra=extra))
+        _claim_under_run(ctx, store, environ)
     except JobwrapError as exc:
         log.get().warning("task-prolog.state_unavailable", error=str(exc))
     return EXIT_OK
+
+
+def _claim_under_run(ctx: JobContext, store: JobStore, environ: Mapping[str, str]) -> None:
+    """A step of ``jobwrap run``'s command (its JOBWRAP_RUN came through srun) says so in
+    this node's own folder, once per attempt: ``jobwrap run`` itself writes its
+    ``run.started`` only on the batch node, and each node keeps its state to itself, so
+    this is how a watcher here learns that a spare may take over from it. The user's
+    word, as ``jobwrap run``'s own is (it decides only how the user's steps end)."""
+    if not resume_mod.under_run(environ) or environ.get("SLURM_LOCALID", "0") != "0" \
+            or store.under_run(ctx.attempt):
+        return
+    store.record(ev.RunStarted(attempt=ctx.attempt, node=ctx.node,
+                               command="(a step of jobwrap run's command)"))
 
 
 STEP_END_DELAY = 1.0  # seconds: slurmstepd forwards the task-prolog's print line first

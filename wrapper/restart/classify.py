@@ -19,32 +19,47 @@ from dataclasses import field, replace
 
 from wrapper.fastdataclass import dataclass
 from wrapper.job.events import GpuFault, Hang, HangInPlace
+from wrapper.job.kinds import (  # the classes live with the events (attempt.end's kind)
+    CANCELLED,
+    COLLECTIVE_TIMEOUT,
+    CUDA_OOM,
+    HANG,
+    HARDWARE,
+    HOST_OOM,
+    KILLED,
+    NCCL_TIMEOUT,
+    NODE_FAILURE,
+    NOT_THE_JOBS_FAULT,
+    PREEMPTED,
+    RETRYABLE,
+    STAGING,
+    SUCCESS,
+    UNCHECKED,
+    USER_ERROR,
+    WALLTIME,
+)
 
-# Classes, and whether a retry can help at all (the policy decides whether it will).
-SUCCESS = "success"
-HARDWARE = "hardware"
-NODE_FAILURE = "node_failure"
-HANG = "hang"
-COLLECTIVE_TIMEOUT = "collective_timeout"  # gloo or NCCL: a peer vanished or timed out
-NCCL_TIMEOUT = COLLECTIVE_TIMEOUT  # its name before gloo was recognised too
-KILLED = "killed"  # SIGKILL from outside the job with no OOM kill recorded: retried
-CUDA_OOM = "cuda_oom"
-HOST_OOM = "host_oom"
-WALLTIME = "walltime"
-PREEMPTED = "preempted"
-CANCELLED = "cancelled"
-STAGING = "staging"  # the job's declared data could not be staged: the user's input
-UNCHECKED = "unchecked"  # jobwrap's prolog did not run on the node for the attempt
-USER_ERROR = "user_error"
-
-RETRYABLE = {HARDWARE, NODE_FAILURE, HANG, COLLECTIVE_TIMEOUT, WALLTIME, PREEMPTED, HOST_OOM,
-             USER_ERROR, KILLED, UNCHECKED}
-# Classes that are no fault of the job: they do not count against its progress. Each
-# rests on root's facts alone (root's GPU check, Slurm's NODE_FAIL and PREEMPTED); a kill
-# is not among them, since the job can kill itself (``kill -9 $$``, ``exit 137``) and the
-# brakes would then never apply: classes the job's own output or exit can pick may only
-# make an attempt more the job's fault, never less.
-NOT_THE_JOBS_FAULT = {HARDWARE, NODE_FAILURE, PREEMPTED, UNCHECKED}
+# The classes, re-exported: the judge's callers name them through it (with the names
+# defined below, which need no listing).
+__all__ = [
+    "CANCELLED",
+    "COLLECTIVE_TIMEOUT",
+    "CUDA_OOM",
+    "HANG",
+    "HARDWARE",
+    "HOST_OOM",
+    "KILLED",
+    "NCCL_TIMEOUT",
+    "NODE_FAILURE",
+    "NOT_THE_JOBS_FAULT",
+    "PREEMPTED",
+    "RETRYABLE",
+    "STAGING",
+    "SUCCESS",
+    "UNCHECKED",
+    "USER_ERROR",
+    "WALLTIME",
+]
 
 # (class, pattern) in order: the first match wins. Patterns are what the tools print.
 SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (

@@ -158,10 +158,13 @@ def faulty_nodes(cfg: Config, attempt: int, backend: SlurmBackend | None = None,
 
 def working_before(cfg: Config) -> int | None:
     """The working node count an earlier attempt of this job recorded when it used a
-    spare (the user's own file: a lie only misplaces the user's own steps)."""
+    spare (the user's own claim: a lie only misplaces the user's own steps). That
+    attempt's batch node kept it in its own folder; a requeued job's batch node is often
+    another, so the job's archive (shared, each node's part) is read too."""
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
         return None
+    from wrapper.archive.carry import archived_records
     from wrapper.errors import JobwrapError
     from wrapper.job import events as ev
     from wrapper.job.store import JobStore
@@ -169,7 +172,13 @@ def working_before(cfg: Config) -> int | None:
     try:
         used = [e for e in JobStore.of(cfg, job_id).events() if isinstance(e, ev.SpareUsed)]
     except (JobwrapError, OSError):
-        return None
+        used = []
+    if not used:
+        records = [r for r in archived_records(cfg, job_id, os.environ.get("USER", ""))
+                   if r.get("event") == ev.SpareUsed.KIND]
+        used = [e for e in ev.decode_attempts(sorted(
+            records, key=lambda r: float(r.get("ts") or 0) if isinstance(
+                r.get("ts"), int | float) else 0.0)) if isinstance(e, ev.SpareUsed)]
     return used[-1].working if used and used[-1].working > 0 else None
 
 

@@ -157,6 +157,9 @@ PROLOG_MODULES = {
     "wrapper.slurm.parse", "wrapper.slurm.records", "wrapper.staging",
     "wrapper.staging.errors", "wrapper.staging.scratch",
     "wrapper.watch", "wrapper.watch.feed", "wrapper.watch.files", "wrapper.watch.process",
+    # a requeued attempt's prolog (this one's: SLURM_JOB_RESTART_COUNT=1) reads root's
+    # verdicts on the earlier ones from the archive's parts, not the archive's writer
+    "wrapper.archive", "wrapper.archive.carry", "wrapper.archive.parts", "wrapper.archive._fs",
 }
 # Loaded by the test's own fakes and set-up, not by the prolog.
 HARNESS = {"wrapper.gpu.fake", "wrapper.slurm.fake"}
@@ -164,7 +167,8 @@ HARNESS = {"wrapper.gpu.fake", "wrapper.slurm.fake"}
 NEVER = ("click", "structlog", "asyncio", "ssl", "shutil", "ctypes", "socket", "bz2",
          "lzma", "tarfile", "zipfile", "sqlite3", "logging", "email", "http", "pynvml",
          "psutil", "wrapper.staging.copy", "wrapper.staging.cache", "wrapper.staging.channel",
-         "wrapper.staging.privileges", "wrapper.osl.child", "wrapper.archive",
+         "wrapper.staging.privileges", "wrapper.osl.child", "wrapper.archive.attempt",
+         "wrapper.archive.store", "wrapper.archive.collect", "wrapper.archive.manifest",
          "wrapper.checkpoints", "wrapper.goodput", "wrapper.restart.classify",
          "wrapper.restart.policy", "wrapper.supervisor.monitor", "wrapper.cli")
 

@@ -79,6 +79,29 @@ def test_task_prolog_exports(site: dict[str, Path]) -> None:
         ("prolog.context", "root"), ("task-prolog.context", "user")]
 
 
+@pytest.mark.parametrize(("extra", "claims"), [
+    ({"JOBWRAP_RUN": "31", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "0"}, 1),
+    ({"JOBWRAP_RUN": "31", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "1"}, 0),  # once a node
+    ({"JOBWRAP_RUN": "77", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "0"}, 0),  # another job's
+    ({"SLURM_STEP_ID": "0", "SLURM_LOCALID": "0"}, 0),  # no jobwrap run around the step
+])
+def test_a_step_of_jobwrap_runs_command_says_so_on_its_own_node(
+        site: dict[str, Path], extra: dict[str, str], claims: int) -> None:
+    """jobwrap run writes its run.started on the batch node only; each node keeps its state
+    to itself, so the task-prolog of its command's step says it on this node (the user's
+    word, once an attempt), where this node's watcher looks before a spare takes over."""
+    from wrapper.job.store import JobStore
+
+    run_hook("prolog", config_path=str(site["config"]), env=slurm_env("prolog"))
+    for _task in range(2):  # a second step of the attempt adds nothing
+        assert run_hook("task-prolog", config_path=str(site["config"]),
+                        env=slurm_env("task-prolog", **extra), out=io.StringIO()) == 0
+    store = JobStore(JobState(site["state"], "31"))
+    found = [e for e in store.user_claims(1) if e.KIND == "run.started"]
+    assert len(found) == claims and store.under_run(1) == bool(claims), found
+    assert all(e.node == "n1" and not e.from_root for e in found)
+
+
 def test_a_task_without_its_prolog_gets_its_env_and_ends_before_the_jobs_code(
         site: dict[str, Path]) -> None:
     out = io.StringIO()  # no prolog ran on n1 for attempt 1: root's record has none

@@ -1,0 +1,82 @@
+"""Root's verdicts on a job's earlier attempts reach the nodes of its next attempt through
+the job's archive, each node keeping its own state folder (wrapper/archive/carry.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.archive import config, record
+from wrapper.archive import archive_attempt
+from wrapper.archive.carry import earlier_verdicts
+from wrapper.job import events as ev
+from wrapper.job.state import JobState
+from wrapper.job.store import JobStore
+from wrapper.osl.users import UserIds
+
+
+def _node_state(shared: Path, node: str, user: UserIds) -> JobState:
+    job = JobState(shared / node / "state", "42")
+    job.prepare(user.uid, user.gid)
+    return job
+
+
+def test_the_next_attempts_first_node_learns_the_verdicts_made_on_another(
+        shared: Path, user: UserIds) -> None:
+    cfg = config(shared)
+    (shared / "work").mkdir()
+    on_a, on_b = _node_state(shared, "a", user), _node_state(shared, "b", user)
+    a = JobStore(on_a)
+    a.record(ev.PrologContext(node="a", hook="prolog", attempt=0, context={}))
+    a.record(ev.CheckpointSuspect(attempt=0, node="a", path="/ck/step-20", reason="crashed"))
+    a.record(ev.AttemptEnd(attempt=0, node="a", kind="user_error", decision="requeue",
+                           reason="exit 1", signature="sig-1"))
+    # the user's own file on a claims a verdict root never made
+    on_a.append(ev.AttemptEnd.KIND, as_user=True, attempt=0, node="a", kind="success",
+                decision="done")
+    archive_attempt(cfg, on_a, record(shared, user), attempt=0, node="a", script_text="",
+                    extra={})
+
+    b = JobStore(on_b)
+    assert b.history(before=1) == [] and b.suspects() == []  # b keeps only its own
+    assert earlier_verdicts(cfg, b, job_id="42", user=user.name, attempt=1) == 2
+    [end] = b.history(before=1)
+    assert (end.kind, end.decision, end.signature, end.node) == \
+        ("user_error", "requeue", "sig-1", "a")
+    assert [s.path for s in b.suspects()] == ["/ck/step-20"]
+    assert all(e.from_root for e in b.events() if isinstance(e, ev.AttemptEnd))
+    # once: a second prolog of the attempt (or a node that made them) copies nothing
+    assert earlier_verdicts(cfg, b, job_id="42", user=user.name, attempt=1) == 0
+    assert earlier_verdicts(cfg, a, job_id="42", user=user.name, attempt=1) == 0
+    # nothing of the attempt itself nor later ones, and none without an archive
+    assert earlier_verdicts(cfg, b, job_id="42", user=user.name, attempt=0) == 0
+    assert earlier_verdicts(config(shared, enabled=False), JobStore(
+        _node_state(shared, "c", user)), job_id="42", user=user.name, attempt=1) == 0
+
+
+def test_no_archive_yet_leaves_the_nodes_memory_as_it_is(shared: Path, user: UserIds) -> None:
+    cfg = config(shared)
+    b = JobStore(_node_state(shared, "b", user))
+    assert earlier_verdicts(cfg, b, job_id="42", user=user.name, attempt=3) == 0
+    assert b.history(before=3) == []
+
+
+def test_a_spare_swap_is_known_to_the_next_batch_node_through_the_archive(
+        shared: Path, user: UserIds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """jobwrap run's own word of how many nodes worked after a swap (its run.spare_used)
+    is on the node it ran on; a requeued job's batch node is most often another."""
+    from wrapper.restart.spares import working_before
+
+    cfg = config(shared)  # its state_dir is this node's own (b): empty for the job
+    (shared / "work").mkdir()
+    on_a = _node_state(shared, "a", user)
+    JobStore(on_a).record(ev.SpareUsed(attempt=0, node="a", failed=["n2"], working=2,
+                                       replaced_by=["n3"], spares_left=0))
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("USER", user.name)
+    assert working_before(cfg) is None  # not archived yet: nothing known here
+    archive_attempt(cfg, on_a, record(shared, user), attempt=0, node="a", script_text="",
+                    extra={})
+    assert working_before(cfg) == 2
+    assert working_before(config(shared, enabled=False)) is None
