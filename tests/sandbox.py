@@ -8,7 +8,6 @@ import os
 import socket
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -76,7 +75,3 @@ def cluster() -> Iterator[Cluster]:
     strays = [p.pid for p in cluster.runtime_processes() + cluster.stepds()]
     assert not strays, f"jobwrap or Slurm processes of the test cluster outlived it: {strays}"
 
-
-@pytest.fixture
-def job_state(cluster: Cluster) -> Path:
-    return cluster.state_dir / "jobs"

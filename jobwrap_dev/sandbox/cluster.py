@@ -30,6 +30,7 @@ from jobwrap_dev.sandbox import containment, flavor
 from jobwrap_dev.sandbox.containment import mode_from_env as containment_mode
 from jobwrap_dev.sandbox.daemons import Daemon, SandboxError, alive, daemon_of, terminate
 from wrapper.fastdataclass import dataclass
+from wrapper.job.state import JobState
 from wrapper.runner import Runner
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "python3-venv"]
@@ -104,13 +105,84 @@ class Cluster:
     def jobwrap_config(self) -> Path:
         return self.base / "etc" / "jobwrap.toml"
 
-    @property
-    def state_dir(self) -> Path:
-        return self.base / "jobwrap" / "state"
+    # Each node keeps its own folders, as each real node keeps /var/lib/jobwrap and its
+    # scratch to itself: the one config file says <base>/nodes/{node}/..., and nothing one
+    # node writes there is read by another (docs/architecture.md, cross-node facts).
+    def node_dir(self, node: str) -> Path:
+        if node not in self.spec.nodes:
+            raise ValueError(f"{node!r} is not a node of this sandbox ({self.spec.nodes})")
+        return self.base / "nodes" / node
+
+    def state_of(self, node: str) -> Path:
+        """``node``'s own ``[paths] state_dir``."""
+        return self.node_dir(node) / "state"
+
+    def scratch_of(self, node: str) -> Path:
+        return self.node_dir(node) / "scratch"
+
+    def log_of(self, node: str) -> Path:
+        """``node``'s jobwrap log (root's hooks, watcher, release)."""
+        return self.node_dir(node) / "log" / "jobwrap.log"
+
+    def logs_text(self) -> str:
+        """Every node's jobwrap log, one after the other (for tests that look for a line)."""
+        return "".join(self.log_of(n).read_text(errors="replace")
+                       for n in self.spec.nodes if self.log_of(n).exists())
+
+    def log_marks(self) -> dict[str, int]:
+        """Where each node's log ends now, for ``log_since``."""
+        return {n: self.log_of(n).stat().st_size if self.log_of(n).exists() else 0
+                for n in self.spec.nodes}
+
+    def log_since(self, marks: dict[str, int]) -> list[str]:
+        """The lines every node logged after ``marks``."""
+        lines: list[str] = []
+        for node in self.spec.nodes:
+            if not self.log_of(node).exists():
+                continue
+            with self.log_of(node).open("rb") as handle:
+                handle.seek(marks.get(node, 0))
+                lines += handle.read().decode(errors="replace").splitlines()
+        return lines
 
     @property
-    def scratch_root(self) -> Path:
-        return self.base / "jobwrap" / "scratch"
+    def state_in_script(self) -> str:
+        """The node's own state folder as a job's shell names it (``$SLURMD_NODENAME``)."""
+        return f"{self.base}/nodes/$SLURMD_NODENAME/state"
+
+    def metrics_of(self, node: str) -> Path:
+        return self.node_dir(node) / "metrics" / "jobwrap.prom"
+
+    def metrics_texts(self) -> list[str]:
+        """Each node's metrics textfile (node_exporter's, one per node), where written."""
+        return [self.metrics_of(n).read_text() for n in self.spec.nodes
+                if self.metrics_of(n).exists()]
+
+    def scratch_paths(self, relative: str) -> list[Path]:
+        """``relative`` under every node's scratch."""
+        return [self.scratch_of(n) / relative for n in self.spec.nodes]
+
+    def job_state(self, job_id: str, node: str | None = None) -> JobState:
+        """The job's folder on ``node``; by default on the first node (spec order) that
+        holds one: its batch node for a job that ran on one node only."""
+        if node is None:
+            node = next((n for n in self.spec.nodes
+                         if JobState(self.state_of(n), job_id).path.is_dir()),
+                        self.spec.nodes[0])
+        return JobState(self.state_of(node), job_id)
+
+    def events(self, job_id: str, *, root_only: bool = False) -> list[dict[str, Any]]:
+        """The job's events on every node, each once, in time order: what an observer (a
+        test, the archive's manifest) gathers; no node reads another's. A verdict the next
+        attempt's prolog carried to its node (wrapper/archive/carry.py) is the same
+        record there: counted once, as the manifest counts it."""
+        seen: dict[str, dict[str, Any]] = {}
+        for node in self.spec.nodes:
+            for record in JobState(self.state_of(node), job_id).events(root_only=root_only):
+                key = json.dumps([record.get(k) for k in ("ts", "event", "node", "attempt",
+                                                          "source")], default=str)
+                seen.setdefault(key, record)
+        return sorted(seen.values(), key=lambda e: float(e.get("ts") or 0))
 
     def gpu_inventory(self, node: str) -> Path:
         return self.base / "gpus" / f"{node}.toml"
@@ -257,8 +329,7 @@ class Cluster:
         slurm = pwd.getpwnam("slurm")
         self.base.mkdir(parents=True, exist_ok=True)
         os.chmod(self.base, 0o755)  # the job user and SlurmUser must traverse it
-        for sub in ("etc", "log", "spool", "dev", "gpus", "jobwrap", "jobwrap/log",
-                    "jobwrap/metrics"):
+        for sub in ("etc", "log", "spool", "dev", "gpus", "jobwrap", "nodes"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(self.base / sub, 0o755)
         for sub in ("ctld", "log"):
@@ -268,8 +339,12 @@ class Cluster:
         self.work.mkdir(exist_ok=True)
         os.chown(self.work, user.pw_uid, user.pw_gid)
         os.chmod(self.work, 0o755)
-        self.scratch_root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.scratch_root, 0o755)
+        for node in self.spec.nodes:
+            for sub, mode in (("", 0o755), ("state", 0o755), ("scratch", 0o755),
+                              ("cache", 0o700), ("log", 0o750), ("metrics", 0o755)):
+                path = self.node_dir(node) / sub
+                path.mkdir(parents=True, exist_ok=True)
+                os.chmod(path, mode)
         for i in range(self.spec.gpus_per_node):
             dev = self.base / "dev" / f"nvidia{i}"
             if not dev.exists():
@@ -403,14 +478,15 @@ PartitionName=debug Nodes={','.join(spec.nodes)} Default=YES MaxTime=INFINITE St
             f"NodeName={','.join(spec.nodes)} Name=gpu "
             f"File={b}/dev/nvidia[0-{spec.gpus_per_node - 1}]\n")
         self.jobwrap_config.write_text(f"""# jobwrap configuration of the sandbox cluster
+# Each node its own folders ({{node}}: the node's Slurm name); the archive is shared.
 [paths]
-state_dir = "{self.state_dir}"
-scratch_root = "{self.scratch_root}"
-cache_root = "{b}/jobwrap/cache"
+state_dir = "{b}/nodes/{{node}}/state"
+scratch_root = "{b}/nodes/{{node}}/scratch"
+cache_root = "{b}/nodes/{{node}}/cache"
 archive_root = "{b}/jobwrap/archive"
 
 [log]
-file = "{b}/jobwrap/log/jobwrap.log"
+file = "{b}/nodes/{{node}}/log/jobwrap.log"
 level = "debug"
 
 [slurm]
@@ -428,7 +504,7 @@ hang_floor = 40
 hang_min = 40
 
 [metrics]
-textfile = "{b}/jobwrap/metrics/jobwrap.prom"
+textfile = "{b}/nodes/{{node}}/metrics/jobwrap.prom"
 
 [hooks]
 prolog_budget = 60
@@ -444,9 +520,8 @@ epilog_budget = 100
 
         cfg = config.load(str(self.jobwrap_config))
         install(b / "etc", render(SiteDefaults.from_config(cfg), str(self.jobwrap_config)))
-        for sub, mode in (("state", 0o755), ("cache", 0o700), ("archive", 0o711)):
-            (b / "jobwrap" / sub).mkdir(exist_ok=True)
-            os.chmod(b / "jobwrap" / sub, mode)
+        (b / "jobwrap" / "archive").mkdir(exist_ok=True)
+        os.chmod(b / "jobwrap" / "archive", 0o711)
 
     def _start_munge(self) -> None:
         if _munge_works():

@@ -28,7 +28,6 @@ from typing import Any
 from jobwrap_dev.sandbox.cluster import TERMINAL_STATES, Cluster
 from jobwrap_dev.sandbox.daemons import SandboxError
 from wrapper.job import events as ev
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 
 Echo = Callable[[str], None]
@@ -164,7 +163,7 @@ def staging(cluster: Cluster, echo: Echo) -> dict[str, Any]:
                                 name="stage.sh")
         echo(f"{label}: {job_id} on {node}")
         wait_job(cluster, echo, job_id, timeout=60)
-        [event] = [e for e in JobState(cluster.state_dir, job_id).events()
+        [event] = [e for e in cluster.events(job_id)
                    if e.get("event") == ev.StagingIn.KIND] or [{}]
         echo(f"  staged in {event.get('files')} files, {event.get('bytes')} bytes in "
              f"{event.get('seconds')} s; cache hits {event.get('cache_hits')}")

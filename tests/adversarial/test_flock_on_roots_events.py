@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 VICTIM = """#!/bin/bash
 #SBATCH --output={work}/lockv-%j.out
@@ -43,13 +42,15 @@ EOF
 
 def test_a_users_flock_on_roots_events_stalls_no_root_append(cluster: Cluster) -> None:
     victim = cluster.submit(VICTIM.format(work=cluster.work), name="lockv.sh")
-    cluster.wait_job(victim, states={"RUNNING"}, timeout=60)
+    node = cluster.wait_job(victim, states={"RUNNING"}, timeout=60)["NodeList"]
     deadline = time.monotonic() + 30
-    state = JobState(cluster.state_dir, victim)
+    state = cluster.job_state(victim, node)
     while not (state.path / "events.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.5)
-    locker = cluster.submit(LOCKER.format(work=cluster.work, state=cluster.state_dir,
-                                          victim=victim), name="lockl.sh")
+    # on the victim's node, where its state folder is
+    locker = cluster.submit(LOCKER.format(work=cluster.work, state=cluster.state_of(node),
+                                          victim=victim), f"--nodelist={node}",
+                            name="lockl.sh")
     try:
         info = cluster.wait_job(victim, timeout=150)
         held = (cluster.work / f"lockl-{locker}.out").read_text()

@@ -13,7 +13,7 @@ import stat
 import pytest
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
+from wrapper.slurm.parse import expand_hostlist
 
 FORGE = """#!/bin/bash
 #SBATCH --output={work}/forge-{what}-%j.out
@@ -48,12 +48,12 @@ FORGED = {
 
 
 def root_events(cluster: Cluster, job_id: str) -> list[dict[str, object]]:
-    return [e for e in JobState(cluster.state_dir, job_id).events() if e["source"] == "root"]
+    return [e for e in cluster.events(job_id) if e["source"] == "root"]
 
 
 @pytest.mark.parametrize("what", sorted(FORGED))
 def test_forged_events_do_not_steer_the_epilog(cluster: Cluster, what: str) -> None:
-    script = FORGE.format(work=cluster.work, state=cluster.state_dir, what=what,
+    script = FORGE.format(work=cluster.work, state=cluster.state_in_script, what=what,
                           lines=FORGED[what])
     job_id = cluster.submit(script, name=f"forge-{what}.sh")
     info = cluster.wait_job(job_id, timeout=150)
@@ -69,7 +69,7 @@ def test_forged_events_do_not_steer_the_epilog(cluster: Cluster, what: str) -> N
     archived = {e["attempt"] for e in events if e["event"] == "archive"}
     cleaned = {e["attempt"] for e in events if e["event"] == "scratch.removed"}
     assert archived == cleaned == {0, 1}, events
-    assert not (cluster.scratch_root / job_id).exists()
+    assert not any(p.exists() for p in cluster.scratch_paths(job_id))
     assert cluster.job(job_id).get("ExcNodeList") in (None, "", "(null)")
     states = cluster.node_states()
     assert all("drain" not in states[n] for n in nodes), states
@@ -98,7 +98,10 @@ def test_unwritable_stage_out_keeps_the_results(cluster: Cluster) -> None:
             os.chmod(dest, 0o700)
     assert info["JobState"] == "COMPLETED", output
     assert not (dest / "out").exists()
-    box = cluster.scratch_root / ".quarantine" / job_id
+    events = root_events(cluster, job_id)
+    [record] = [e for e in events if e["event"] == "staging.kept"]
+    node = str(record["node"])
+    box = cluster.scratch_of(node) / ".quarantine" / job_id
     kept = box / "attempt0"
     assert (kept / "results" / "data.txt").read_text() == "precious\n", output
     user = pwd.getpwnam(cluster.spec.user)
@@ -108,12 +111,9 @@ def test_unwritable_stage_out_keeps_the_results(cluster: Cluster) -> None:
     # the user is told what did not come back, why, where the results are, until when
     assert "jobwrap: stage-out did not bring back all results" in output, output
     assert str(kept) in output and "until" in output, output
-    events = root_events(cluster, job_id)
-    [record] = [e for e in events if e["event"] == "staging.kept"]
     assert record["path"] == str(kept)
-    node = str(record["node"])
     assert "drain" not in cluster.node_states()[node]
-    assert not (cluster.scratch_root / job_id).exists()
+    assert not any(p.exists() for p in cluster.scratch_paths(job_id))
 
 
 KILLED_LINE = """#!/bin/bash
@@ -180,7 +180,7 @@ def test_a_forged_run_stopped_can_only_stop_the_job(cluster: Cluster) -> None:
     """``run.stopped`` is the user's word that jobwrap run's brakes already stopped: the
     epilog then stops the job's own failure rather than requeue it. Forged, it only ends
     the forger's own job, with nothing counted against the node."""
-    job_id = cluster.submit(RUN_STOPPED.format(work=cluster.work, state=cluster.state_dir),
+    job_id = cluster.submit(RUN_STOPPED.format(work=cluster.work, state=cluster.state_in_script),
                             name="runstopped.sh")
     stopped_once_on_n1(cluster, job_id, "user_error")
 
@@ -196,21 +196,28 @@ exit 1
 """
 
 
-def test_a_printed_skip_of_another_node_is_weighed_against_roots_record(
+def test_a_printed_skip_of_another_node_obtains_no_more_than_the_user_could(
         cluster: Cluster) -> None:
     """The task-prolog's line for a node of the job whose prolog Slurm skipped is the one
-    word of it the first node's epilog gets where state is node-local. Printed by the job
-    for its own nodes (whose prolog root's shared record shows), and for nodes outside
-    its allocation: not believed. The failure stays the job's own, the no-progress brake
-    holds, nothing is excluded, no node is drained."""
+    word of it the first node's epilog gets: each node keeps its state to itself, so no
+    record there can contradict it. Printed by the job itself, it obtains what the job's
+    user may do to their own job without jobwrap, and no more: a requeue that leaves out
+    a node of its own allocation (never the first node's own, never a node outside it),
+    counted against --max-restarts; no node drained, none excluded for another job."""
     job_id = cluster.submit(SKIP_CLAIM.format(work=cluster.work), name="skipclaim.sh")
     info = cluster.wait_job(job_id, timeout=150)
     output = (cluster.work / f"skipclaim-{job_id}.out").read_text()
-    ends = [(e["attempt"], e["kind"], e["decision"], e["exclude"])
-            for e in root_events(cluster, job_id) if e["event"] == "attempt.end"]
-    assert info["JobState"] == "FAILED", output
-    assert ends == [(0, "user_error", "requeue", []), (1, "user_error", "stop", [])], \
+    ends = [e for e in root_events(cluster, job_id) if e["event"] == "attempt.end"]
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1", (info, output)
+    assert [(e["attempt"], e["decision"]) for e in ends] == [(0, "requeue"), (1, "stop")], \
         (ends, output)
-    assert cluster.job(job_id).get("ExcNodeList") in (None, "", "(null)")
+    assert "restart limit reached" in ends[1]["reason"], ends[1]
+    firsts = {e["attempt"]: e["node"] for e in ends}
+    excluded = set(ends[0]["exclude"])
+    # only the job's own other node of attempt 0: not its first node, not n4 nor nx
+    assert excluded and excluded <= {"n1", "n2", "n3"} - {firsts[0]}, ends[0]
+    held_out = cluster.job(job_id).get("ExcNodeList") or ""
+    assert set(expand_hostlist("" if held_out == "(null)" else held_out)) <= \
+        {"n1", "n2", "n3"}, held_out  # this job's own nodes only, for this job only
     states = cluster.node_states()
     assert all("drain" not in state for state in states.values()), states

@@ -14,7 +14,6 @@ import math
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 
 FORGE = r"""#!/bin/bash
@@ -47,12 +46,12 @@ exit 1
 
 
 def test_forged_goodput_claims_do_not_reach_root(cluster: Cluster) -> None:
-    job_id = cluster.submit(FORGE.format(work=cluster.work, state=cluster.state_dir),
+    job_id = cluster.submit(FORGE.format(work=cluster.work, state=cluster.state_in_script),
                             name="forge-goodput.sh")
     info = cluster.wait_job(job_id, timeout=150)
     output = (cluster.work / f"forge-goodput-{job_id}.out").read_text()
     assert info["JobState"] == "FAILED", output
-    root = [e for e in JobState(cluster.state_dir, job_id).events() if e["source"] == "root"]
+    root = [e for e in cluster.events(job_id) if e["source"] == "root"]
     ends = [(e["attempt"], e["kind"], e["decision"]) for e in root
             if e["event"] == "attempt.end"]
     assert ends == [(0, "user_error", "requeue"), (1, "user_error", "stop")], (ends, output)
@@ -63,8 +62,8 @@ def test_forged_goodput_claims_do_not_reach_root(cluster: Cluster) -> None:
     assert comment.startswith("jobwrap: a0=user_error/requeue"), comment
     assert "success" not in comment
 
-    prom = (cluster.base / "jobwrap" / "metrics" / "jobwrap.prom").read_text()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for prom in cluster.metrics_texts()
                for f in text_string_to_metric_families(prom) for s in f.samples}
     goodput = {k: v for k, v in samples.items() if k[0].startswith("jobwrap_goodput_")}
     assert goodput and all(math.isfinite(v) and v >= 0 for v in goodput.values()), goodput

@@ -6,7 +6,6 @@ no ``jobwrap run`` of the attempt, ended the whole job and wrote no such fact.""
 from __future__ import annotations
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 CLAIM = """#!/bin/bash
 #SBATCH --output={work}/hangclaim-%j.out --open-mode=append
@@ -29,13 +28,13 @@ echo resumed
 
 def test_a_forged_in_place_restart_does_not_hide_a_hang_from_the_epilog(
         cluster: Cluster) -> None:
-    job_id = cluster.submit(CLAIM.format(work=cluster.work, state=cluster.state_dir),
+    job_id = cluster.submit(CLAIM.format(work=cluster.work, state=cluster.state_in_script),
                             name="hangclaim.sh")
     info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
     output = (cluster.work / f"hangclaim-{job_id}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
     assert "outlived" not in output and "resumed" in output, output  # ended whole
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     ends = [(e["attempt"], e["kind"], e["decision"]) for e in events
             if e["event"] == "attempt.end" and e["source"] == "root"]
     assert ends == [(0, "hang", "requeue"), (1, "success", "done")], (ends, output)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 SAID = """#!/bin/bash
 #SBATCH --nodes=1 --mem=150M --output=oom-%j.out --no-requeue
@@ -24,7 +23,7 @@ exit 1
 
 def root_ends(cluster: Cluster, job_id: str) -> list[tuple[int, str, str]]:
     return [(e["attempt"], e["kind"], e["detail"])
-            for e in JobState(cluster.state_dir, job_id).events()
+            for e in cluster.events(job_id)
             if e["event"] == "attempt.end" and e["source"] == "root"]
 
 

@@ -17,7 +17,6 @@ import sys
 import pytest
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 FORGED = "JobState=NODE_FAIL Reason=NodeDown ExcNodeList=n[0-99999999999]"
 SCRIPT = """#!/bin/bash
@@ -29,13 +28,12 @@ exit 1
 
 
 def _attempt_ends(cluster: Cluster, job_id: str) -> list[dict[str, object]]:
-    return [e for e in JobState(cluster.state_dir, job_id).events()
+    return [e for e in cluster.events(job_id)
             if e["event"] == "attempt.end" and e["source"] == "root"]
 
 
 def _log_lines(cluster: Cluster, job_id: str, word: str) -> list[str]:
-    log = cluster.base / "jobwrap" / "log" / "jobwrap.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
+    text = cluster.logs_text()
     return [ln for ln in text.splitlines() if word in ln and job_id in ln]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 
 CLAIM = """#!/bin/bash
@@ -26,18 +25,17 @@ sleep 120
 
 
 def test_a_job_without_spares_cannot_claim_one_to_keep_running(cluster: Cluster) -> None:
-    job_id = cluster.submit(CLAIM.format(work=cluster.work, state=cluster.state_dir),
+    job_id = cluster.submit(CLAIM.format(work=cluster.work, state=cluster.state_in_script),
                             name="spareclaim.sh")
     out = cluster.work / f"spareclaim-{job_id}.out"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "started" not in (out.read_text() if out.exists()
                                                           else ""):
         time.sleep(0.2)
-    state = JobState(cluster.state_dir, job_id)
-    first = next(e for e in state.events() if e["event"] == "prolog.context")
+    first = next(e for e in cluster.events(job_id) if e["event"] == "prolog.context")
     nodes = first["context"]["nodes"]
     other = nodes[1]
-    gpus = next(e for e in state.events() if e["event"] == "prolog.context"
+    gpus = next(e for e in cluster.events(job_id) if e["event"] == "prolog.context"
                 and e["node"] == other)["context"]["gpus"]
     try:
         time.sleep(2)  # the step runs on both nodes
@@ -47,9 +45,9 @@ def test_a_job_without_spares_cannot_claim_one_to_keep_running(cluster: Cluster)
         output = out.read_text()
         assert info["JobState"] in ("FAILED", "CANCELLED"), (info, output)
         assert "outlived" not in output, output  # the whole job ended, batch script too
-        ended = [e for e in state.events() if e["event"] == "watch.ended_job"
+        ended = [e for e in cluster.events(job_id) if e["event"] == "watch.ended_job"
                  and e["source"] == "root"]
-        assert ended and ended[0]["node"] == other, state.events()
+        assert ended and ended[0]["node"] == other, cluster.events(job_id)
     finally:
         cluster.set_gpu_faults(other)
         Runner(cluster.env()).run(["scontrol", "update", f"NodeName={other}",

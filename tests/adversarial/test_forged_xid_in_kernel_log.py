@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 # gpu0 of every sandbox node (jobwrap_dev/sandbox/gpus.py)
 FORGED = "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus"
@@ -71,7 +70,7 @@ def test_a_segfault_file_name_forges_no_xid(cluster: Cluster) -> None:
     logged = [line for line in _kernel_log().splitlines() if FORGED in line]
     assert logged and "segfault at" in logged[-1], output
     assert info["JobState"] == "COMPLETED" and "done" in output, (info, output)
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     root = [e for e in events if e["source"] == "root"]
     assert not [e for e in events if e["event"] in ("gpu.fault", "watch.fault",
                                                      "watch.ended_job")], events

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from jobwrap_dev.sandbox.cluster import Cluster
 from tests.adversarial.conftest import RIVAL, as_user
-from wrapper.job.state import JobState
 from wrapper.osl.users import UserIds
 
 PLAIN = "#!/bin/bash\n#SBATCH --time=5\necho plain\n"
@@ -126,14 +125,14 @@ def test_latin1_bytes_in_the_script_never_crash_the_hooks(cluster: Cluster) -> N
     job_id = res.stdout.strip().split(";")[0]
     info = cluster.wait_job(job_id)
     assert info["JobState"] == "COMPLETED", info
-    state = JobState(cluster.state_dir, job_id)
+    state = cluster.job_state(job_id)
     record = state.read_json("job.json")
     assert record is not None, "the prolog wrote no job.json"
     assert record["options_error"] == ""
     assert record["options"]["checkpoint_dir"] == "ckpt-caf\udce9"
     events = [e["event"] for e in state.events()]
     assert "epilog.context" in events and "directives.invalid" not in events, events
-    log_text = (cluster.base / "jobwrap" / "log" / "jobwrap.log").read_text(errors="replace")
+    log_text = cluster.logs_text()
     bugs = [line for line in log_text.splitlines() if "hook.bug" in line]
     assert bugs == []
     assert (cluster.work / f"latin1-{job_id}.out").read_bytes().startswith(b"caf\xe9 on n")

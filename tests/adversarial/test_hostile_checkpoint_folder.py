@@ -209,12 +209,12 @@ exit 1
 def test_a_forged_resume_pick_is_not_exported(cluster: Cluster) -> None:
     ck = cluster.work / "ckpt-rforge"
     shutil.rmtree(ck, ignore_errors=True)
-    job_id = cluster.submit(FORGE.format(work=cluster.work, ck=ck, state=cluster.state_dir),
+    job_id = cluster.submit(FORGE.format(work=cluster.work, ck=ck, state=cluster.state_in_script),
                             name="rforge.sh")
     info = cluster.wait_job(job_id, timeout=180,
                             states={"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
     output = (cluster.work / f"rforge-{job_id}.out").read_text()
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     forged = [e for e in events if e["event"] == "resume.chosen" and e["source"] == "user"]
     assert [e["path"] for e in forged] == [str(ck / "step_1")], events  # it was in place
     chosen = [(e["attempt"], e["path"]) for e in events

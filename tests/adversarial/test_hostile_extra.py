@@ -19,7 +19,6 @@ import pytest
 from jobwrap_dev.sandbox.cluster import Cluster
 from tests.adversarial.conftest import run_as_slurmd, slurmd_env
 from wrapper.job.record import load
-from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
 
 SCRIPT = """#!/bin/bash
@@ -30,16 +29,12 @@ echo ran
 TAG = "jobwrap:1 "
 
 
-def _log_offset(cluster: Cluster) -> int:
-    path = cluster.base / "jobwrap" / "log" / "jobwrap.log"
-    return path.stat().st_size if path.exists() else 0
+def _log_offset(cluster: Cluster) -> dict[str, int]:
+    return cluster.log_marks()
 
 
-def _log_since(cluster: Cluster, since: int, job_id: str) -> list[dict[str, object]]:
-    path = cluster.base / "jobwrap" / "log" / "jobwrap.log"
-    with path.open("rb") as handle:
-        handle.seek(since)
-        lines = handle.read().decode(errors="replace").splitlines()
+def _log_since(cluster: Cluster, since: dict[str, int], job_id: str) -> list[dict[str, object]]:
+    lines = cluster.log_since(since)
     found = []
     for line in lines:
         try:
@@ -103,12 +98,11 @@ def test_hostile_extra_is_the_users_input_with_the_scripts_bounds(cluster: Clust
     bugs = [e for e in logged if e.get("event") in ("hook.bug", "hook.failed")]
     assert bugs == [], bugs
     _not_drained(cluster)
-    record = load(JobState(cluster.state_dir, job_id))
+    record = load(cluster.job_state(job_id))
     if named is not None:  # refused, saying which option, and not applied
         assert named in record.options_error, record.options_error
         assert record.options.get("max_restarts") in (None, 2)
-    stolen = cluster.scratch_root / job_id / "stolen"
-    assert not stolen.exists()
+    assert not any(p.exists() for p in cluster.scratch_paths(f"{job_id}/stolen"))
 
 
 def test_extra_sets_only_the_jobs_own_options(cluster: Cluster) -> None:
@@ -117,7 +111,7 @@ def test_extra_sets_only_the_jobs_own_options(cluster: Cluster) -> None:
     rc, stderr, _ = _prolog_with_extra(cluster, job_id,
                                        TAG + "#JOBWRAP --max-restarts=7 --hang-timeout=1h")
     assert rc == 0, stderr[-2000:]
-    record = load(JobState(cluster.state_dir, job_id))
+    record = load(cluster.job_state(job_id))
     assert record.options_error == ""
     assert record.options["max_restarts"] == 7
     assert (record.user, record.uid) == (cluster.spec.user,
@@ -143,7 +137,7 @@ def test_the_user_rewrites_extra_with_scontrol_update(cluster: Cluster) -> None:
     logged = _log_since(cluster, since, job_id)
     assert [e for e in logged if e.get("event") in ("hook.bug", "hook.failed")] == []
     _not_drained(cluster)
-    record = load(JobState(cluster.state_dir, job_id))
+    record = load(cluster.job_state(job_id))
     if cluster.spec.slurm_prefix:
         assert "max-restarts" in record.options_error, record.options_error
         assert any(e.get("event") == "prolog.bad_directives" for e in logged), logged
@@ -151,7 +145,7 @@ def test_the_user_rewrites_extra_with_scontrol_update(cluster: Cluster) -> None:
         assert record.options_error == "" and record.options["max_restarts"] == 2
     assert info["JobState"] in ("COMPLETED", "FAILED")
     # the archive keeps the job's real script, never the user's Extra in its place
-    assert JobStore(JobState(cluster.state_dir, job_id)).script() in (None, SCRIPT)
+    assert JobStore(cluster.job_state(job_id)).script() in (None, SCRIPT)
 
 
 LIMITED = """#!/bin/bash
@@ -188,10 +182,10 @@ def test_the_sites_restart_limit_holds_after_submit(cluster: Cluster) -> None:
         tmp.write_text(original)
         tmp.chmod(0o644)
         tmp.replace(cluster.jobwrap_config)
-    record = load(JobState(cluster.state_dir, job_id))
+    record = load(cluster.job_state(job_id))
     assert record.options["max_restarts"] == int(asked)  # what the job said, kept as said
     ends = [(e["attempt"], e["decision"], e["reason"])
-            for e in JobState(cluster.state_dir, job_id).events(root_only=True)
+            for e in cluster.events(job_id, root_only=True)
             if e["event"] == "attempt.end"]
     assert [(a, d) for a, d, _ in ends] == [(0, "requeue"), (1, "stop")], ends
     assert (f"restart limit reached (1 of --max-restarts=1; the job asked for {asked}, "

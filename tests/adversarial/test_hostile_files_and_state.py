@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jobwrap_dev.sandbox.cluster import Cluster
 from tests.adversarial.conftest import run_as_slurmd, slurmd_env
-from wrapper.job.state import PRUNE_STAMP, USER_EVENTS, JobState
+from wrapper.job.state import PRUNE_STAMP, USER_EVENTS
 from wrapper.osl.users import UserIds
 
 
@@ -33,17 +33,13 @@ def as_user(cluster: Cluster, user: str, argv: list[str], *,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _log_offset(cluster: Cluster) -> int:
-    path = cluster.base / "jobwrap" / "log" / "jobwrap.log"
-    return path.stat().st_size if path.exists() else 0
+def _log_offset(cluster: Cluster) -> dict[str, int]:
+    return cluster.log_marks()
 
 
-def _hook_errors(cluster: Cluster, since: int, job_id: str) -> list[dict[str, object]]:
+def _hook_errors(cluster: Cluster, since: dict[str, int], job_id: str) -> list[dict[str, object]]:
     """hook.bug / hook.failed lines the hooks logged for ``job_id`` after ``since``."""
-    path = cluster.base / "jobwrap" / "log" / "jobwrap.log"
-    with path.open("rb") as handle:
-        handle.seek(since)
-        lines = handle.read().decode(errors="replace").splitlines()
+    lines = cluster.log_since(since)
     found = []
     for line in lines:
         try:
@@ -91,7 +87,7 @@ def test_a_huge_user_event_file_is_read_from_a_bounded_tail(cluster: Cluster) ->
     """Item 3: 300 MB in user-events.jsonl; the epilog reads only its capped tail."""
     job_id, _ = _finished_job(cluster, "#!/bin/bash\ntrue\n", "tiny.sh")
     victim = pwd.getpwnam(cluster.spec.user)
-    state = JobState(cluster.state_dir, job_id)
+    state = cluster.job_state(job_id)
     state.prepare(victim.pw_uid, victim.pw_gid)  # as the prolog leaves it
     line = json.dumps({"ts": time.time(), "event": "spam", "attempt": 0, "hook": "supervisor"})
     fill = as_user(cluster, cluster.spec.user, [
@@ -112,7 +108,8 @@ def test_a_huge_user_event_file_is_read_from_a_bounded_tail(cluster: Cluster) ->
     assert (state.path / USER_EVENTS).exists()
     week_ago = time.time() - 8 * 86400
     os.utime(state.path / "events.jsonl", (week_ago, week_ago))
-    (cluster.state_dir / "jobs" / PRUNE_STAMP).unlink(missing_ok=True)
+    for node in cluster.spec.nodes:
+        (cluster.state_of(node) / "jobs" / PRUNE_STAMP).unlink(missing_ok=True)
     _finished_job(cluster, "#!/bin/bash\ntrue\n", "later.sh")
     assert not (state.path / USER_EVENTS).exists(), "the user's file was not pruned"
 
@@ -121,7 +118,7 @@ def test_a_full_state_disk_is_not_a_bug_nor_a_drain(cluster: Cluster) -> None:
     """Item 3: the user fills the file system under the job's state; the next prolog."""
     job_id, _ = _finished_job(cluster, "#!/bin/bash\ntrue\n", "tiny.sh")
     victim = pwd.getpwnam(cluster.spec.user)
-    state = JobState(cluster.state_dir, job_id)
+    state = cluster.job_state(job_id)
     mounted = False
     try:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0711", "tmpfs",
@@ -146,7 +143,7 @@ def test_a_reused_job_id_of_another_user_does_not_fail_the_new_job(
         cluster: Cluster, rival: UserIds) -> None:
     """Item 3: the state of an earlier job with this id, another user's, is in the way."""
     job_id, _ = _finished_job(cluster, "#!/bin/bash\ntrue\n", "tiny.sh")
-    state = JobState(cluster.state_dir, job_id)
+    state = cluster.job_state(job_id)
     subprocess.run(["rm", "-rf", "--", str(state.path)], check=True)
     state.prepare(rival.uid, rival.gid)  # the old job was the rival's
     forged = as_user(cluster, rival.name, ["sh", "-c", "echo '{\"event\":\"gpu.fault\"}' >> "
@@ -170,7 +167,7 @@ echo "Error: login failed for password=hunter2-$SLURM_JOB_ID"
 exit 1
 """
     job_id, _ = _finished_job(cluster, script, "secret.sh")
-    job_dir = JobState(cluster.state_dir, job_id).path
+    job_dir = cluster.job_state(job_id).path
     names = [p.name for p in job_dir.iterdir()]
     assert "events.jsonl" in names
     for name in names:
@@ -211,7 +208,7 @@ def test_the_job_user_cannot_write_or_grow_the_supervisor_log(cluster: Cluster) 
     """Item 3: supervisor.log sits in root's state folder; the user may read it, not write
     it (a user-writable log there could fill the state disk)."""
     job_id = cluster.submit("#!/bin/bash\nsleep 60\n", name="sleepy.sh")
-    log_path = JobState(cluster.state_dir, job_id).path / "supervisor.log"
+    log_path = cluster.job_state(job_id).path / "supervisor.log"
     try:
         deadline = time.monotonic() + 60
         while not log_path.exists():  # opened by the supervisor as it starts

@@ -71,7 +71,7 @@ def test_a_forged_task_prolog_context_exports_nothing_into_the_rerun_line(
     line's --export (BASH_ENV, LD_PRELOAD): an admin rerunning the job ran the user's
     code. The manifest keeps only claims filtered as at the source."""
     forged = cluster.write_user_file("forgectx.json", json.dumps(FORGED_RECORD) + "\n")
-    job_id = cluster.submit(FORGED_CONTEXT.format(state=cluster.state_dir, forged=forged),
+    job_id = cluster.submit(FORGED_CONTEXT.format(state=cluster.state_in_script, forged=forged),
                             name="forgectx.sh")
     info = cluster.wait_job(job_id, timeout=120)
     assert info["JobState"] == "COMPLETED", info

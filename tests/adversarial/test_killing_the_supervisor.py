@@ -13,7 +13,6 @@ import time
 import psutil
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 from wrapper.slurm.parse import expand_hostlist
 
 JOB = """#!/bin/bash
@@ -37,7 +36,6 @@ def supervisor_pids(cluster: Cluster, job_id: str, *, dropped: bool = False) -> 
 
 def test_the_user_kills_the_supervisor_root_starts_it_again(cluster: Cluster) -> None:
     job_id = cluster.submit(JOB.format(work=cluster.work), name="unsupervised.sh")
-    state = JobState(cluster.state_dir, job_id)
     killed: list[int] = []
     try:
         cluster.wait_job(job_id, states={"RUNNING"}, timeout=60)
@@ -53,7 +51,7 @@ def test_the_user_kills_the_supervisor_root_starts_it_again(cluster: Cluster) ->
                 killed.append(pids[0])
             time.sleep(0.5)
         first = expand_hostlist(cluster.job(job_id)["NodeList"])[0]
-        restarts = [(e["restarts"], e["node"]) for e in state.events()
+        restarts = [(e["restarts"], e["node"]) for e in cluster.events(job_id)
                     if e["event"] == "supervisor.restarted" and e["source"] == "root"]
         assert restarts == [(1, first), (2, first), (3, first)], restarts
         assert len(killed) == 4, killed  # the first and the three restarted ones

@@ -16,7 +16,6 @@ import pytest
 from jobwrap_dev.sandbox.cluster import Cluster
 from tests.support import poll
 from tests.support.restarts import EXPECTED, last_step, restart_slurmd, start_job, write_payload
-from wrapper.job.state import JobState
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +36,7 @@ def test_a_job_requeuing_itself_after_a_slurmd_restart_lost_no_node(cluster: Clu
     info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
     output = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     ends = {e["attempt"]: e for e in events
             if e["event"] == "attempt.end" and e["source"] == "root"}
     assert ends[0]["kind"] != "node_failure", ends[0]

@@ -27,7 +27,6 @@ from jobwrap_dev.sandbox.cluster import Cluster
 from tests.bench.cluster import sandbox
 from tests.bench.timing import verdict
 from wrapper import config
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.watch.files import pid_file
 
@@ -55,7 +54,7 @@ def _running_with_watcher(cluster: Cluster, job_id: str) -> str:
     """Wait until the job runs and its node's watcher has started; returns the node."""
     info = cluster.wait_job(job_id, states={"RUNNING"}, timeout=60)
     node = info["NodeList"]
-    state = JobState(cluster.state_dir, job_id)
+    state = cluster.job_state(job_id, node)
     deadline = time.monotonic() + 30
     while state.read_json(pid_file(node)) is None:
         if time.monotonic() > deadline:
@@ -143,7 +142,7 @@ def _hang_once(cluster: Cluster, lines: int, period: float) -> tuple[float, floa
     last_mono = time.monotonic() - (time.time() - stamps[-1])
     ended = _seconds_until_not_running(cluster, job_id, last_mono, limit=300)
     cluster.wait_job(job_id, timeout=120)
-    hang = [e for e in JobState(cluster.state_dir, job_id).events() if e["event"] == "hang"]
+    hang = [e for e in cluster.events(job_id) if e["event"] == "hang"]
     if len(hang) != 1:
         raise RuntimeError(f"job {job_id}: hang events {hang}")
     true = statistics.median(b - a for a, b in itertools.pairwise(stamps))
@@ -181,7 +180,7 @@ def watch_cpu_main(seconds: float = 60) -> int:
         wake = min(sup.gpu_interval, sup.slurm_interval)
         job_id = cluster.submit(SLEEPER.format(name="wcpu"), name="wcpu.sh")
         node = _running_with_watcher(cluster, job_id)
-        record = JobState(cluster.state_dir, job_id).read_json(pid_file(node)) or {}
+        record = cluster.job_state(job_id).read_json(pid_file(node)) or {}
         watcher = psutil.Process(int(record["pid"]))
         anchor = subprocess.Popen([sys.executable, "-c",
                                    f"import time\nwhile True: time.sleep({wake})"])

@@ -57,7 +57,6 @@ from jobwrap_dev.sandbox.daemons import Daemon, daemon_of
 from tests.bench import goodput_job as job
 from tests.bench.cluster import sandbox
 from tests.bench.job_start import Hooks
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 
 PYTHON = "/opt/jobwrap/frameworks/bin/python"
@@ -349,13 +348,13 @@ class Run:
         return kept / (end - start), step_s
 
     def attempt_ends(self) -> dict[str, str]:
-        events = JobState(self.cluster.state_dir, self.job).events()
+        events = self.cluster.events(self.job)
         return {str(e["attempt"]): str(e["kind"]) for e in events
                 if e.get("event") == "attempt.end" and e.get("source") == "root"}
 
     def in_place_restarts(self) -> list[tuple[str, float, str]]:
         """(attempt, when, jobwrap run's class of the failure) of each restart in place."""
-        events = JobState(self.cluster.state_dir, self.job).events()
+        events = self.cluster.events(self.job)
         return sorted((str(e["attempt"]), float(e.get("ts") or 0), str(e.get("kind_ended")))
                       for e in events if e.get("event") == "run.restarted")
 

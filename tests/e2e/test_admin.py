@@ -12,7 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobwrap_dev.sandbox.cluster import Cluster
 from jobwrap_dev.sandbox.daemons import SandboxError
-from wrapper.job.state import JobState
 
 
 def jobwrap(cluster: Cluster, *args: str, config: Path | None = None
@@ -53,7 +52,7 @@ def test_walltime_signal_reaches_a_job_that_asked_for_none(cluster: Cluster) -> 
     info = cluster.wait_job(job_id, timeout=90)
     assert info["JobState"] == "COMPLETED", info
     assert "got URG" in (cluster.work / f"sig-{job_id}.out").read_text()
-    events = [e for e in JobState(cluster.state_dir, job_id).events()
+    events = [e for e in cluster.events(job_id)
               if e["event"] == "walltime.signal"]
     assert len(events) == 1 and events[0]["signal"] == "URG"
 
@@ -82,7 +81,7 @@ def test_doctor_passes_on_the_cluster_and_names_each_fix(cluster: Cluster, tmp_p
     unsafe.chmod(0o777)
     config = tmp_path / "jobwrap.toml"
     config.write_text(cluster.jobwrap_config.read_text().replace(
-        f'state_dir = "{cluster.state_dir}"', f'state_dir = "{unsafe}"'))
+        f'state_dir = "{cluster.base}/nodes/{{node}}/state"', f'state_dir = "{unsafe}"'))
     bad_state = jobwrap(cluster, "doctor", "--slurm-conf", str(cluster.conf), "--node", "n1",
                         config=config)
     assert bad_state.returncode == 1 and str(unsafe) in bad_state.stdout, bad_state.stdout
@@ -97,9 +96,10 @@ def test_doctor_passes_on_the_cluster_and_names_each_fix(cluster: Cluster, tmp_p
 
 
 def test_metrics_textfile_after_jobs(cluster: Cluster) -> None:
-    job_id = cluster.submit("#!/bin/bash\nexit 0\n", "--gres=gpu:1", name="m.sh")
+    job_id = cluster.submit("#!/bin/bash\nexit 0\n", "--gres=gpu:1", "-w", "n1",
+                            name="m.sh")
     cluster.wait_job(job_id)
-    text = (cluster.base / "jobwrap" / "metrics" / "jobwrap.prom").read_text()
+    text = cluster.metrics_of("n1").read_text()  # n1's own, as node_exporter reads it
     families = {f.name: f for f in text_string_to_metric_families(text)}
     healthy = [s for s in families["jobwrap_node_healthy"].samples]
     assert {s.labels.get("node") for s in healthy} >= {"n1"} and all(s.value == 1 for s in
@@ -109,4 +109,4 @@ def test_metrics_textfile_after_jobs(cluster: Cluster) -> None:
     # failures recorded by earlier tests' requeues, if any ran first, count by class
     if "jobwrap_job_failures" in families:
         assert all(s.labels["class"] for s in families["jobwrap_job_failures"].samples)
-    shutil.copy(cluster.base / "jobwrap" / "metrics" / "jobwrap.prom", "/tmp/last-metrics.prom")
+    shutil.copy(cluster.metrics_of("n1"), "/tmp/last-metrics.prom")

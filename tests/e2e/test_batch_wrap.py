@@ -21,7 +21,6 @@ import pytest
 import jobwrap_dev.sandbox
 from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper import config
-from wrapper.job.state import JobState
 from wrapper.restart.batch import MARK
 from wrapper.runner import Runner
 from wrapper.slurm.parse import expand_hostlist
@@ -91,7 +90,7 @@ def test_a_plain_script_restarts_a_killed_rank_inside_its_allocation(
     assert f"done sum {EXPECTED}" in output, output  # no step lost or done twice
     assert "jobwrap run: attempt 1: resuming from" in output, output
     assert output.count("script starts") == 2, output  # the whole script, again
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     # one prolog on each of its two nodes (whichever were idle), none again
     assert sorted(e["node"] for e in events if e["event"] == "prolog.context") == \
         sorted(expand_hostlist(info["NodeList"])), (info["NodeList"], events)

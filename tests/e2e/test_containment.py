@@ -21,7 +21,6 @@ import psutil
 
 import jobwrap_dev.sandbox
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 
 PAYLOAD = Path(jobwrap_dev.sandbox.__file__).parent / "toy_train.py"
@@ -30,7 +29,7 @@ CONTROLLERS = ("freezer", "cpuset", "memory", "devices", "cpuacct")
 
 def root_ends(cluster: Cluster, job_id: str) -> list[tuple[int, str, str]]:
     return [(e["attempt"], e["kind"], e["detail"])
-            for e in JobState(cluster.state_dir, job_id).events()
+            for e in cluster.events(job_id)
             if e["event"] == "attempt.end" and e["source"] == "root"]
 
 
@@ -117,11 +116,10 @@ def test_supervisor_and_watchers_outlive_the_jobs_cgroup_and_leave_nothing(
 #JOBWRAP --checkpoint-dir=ckpt-contain
 srun --ntasks=2 --ntasks-per-node=1 python3 train.py 200 0.5
 """, name="contain.sh")
-    state = JobState(cluster.state_dir, job_id)
     deadline = time.monotonic() + 60
     helpers: list[psutil.Process] = []
     while time.monotonic() < deadline:
-        starts = [e for e in state.events() if e["source"] == "root" and
+        starts = [e for e in cluster.events(job_id) if e["source"] == "root" and
                   e["event"] in ("supervisor.started", "watch.started")]
         if len(starts) == 3 and job_cgroups(job_id) and \
                 list((cluster.work / "ckpt-contain").glob("*.ckpt")):
@@ -142,7 +140,7 @@ srun --ntasks=2 --ntasks-per-node=1 python3 train.py 200 0.5
         assert time.monotonic() < deadline, (
             [p.pid for p in helpers if p.is_running()], job_cgroups(job_id))
         time.sleep(0.3)
-    events = state.events()
+    events = cluster.events(job_id)
     # The supervisor saw the end itself (it was not killed with the job) ...
     assert any(e["event"] == "supervisor.end" for e in events), \
         [e["event"] for e in events]

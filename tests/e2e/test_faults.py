@@ -16,7 +16,6 @@ from pathlib import Path
 import jobwrap_dev.sandbox
 from jobwrap_dev.sandbox.cluster import Cluster
 from wrapper import config
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.slurm.parse import expand_hostlist
 
@@ -57,7 +56,7 @@ python3 train.py {STEPS} 0.5
             time.sleep(0.1)
         # When the job was ended: root's record of it (written once Slurm took the
         # signal), not this poll, which a loaded machine's scontrol can delay by seconds.
-        ended = [e["ts"] for e in JobState(cluster.state_dir, job_id).events()
+        ended = [e["ts"] for e in cluster.events(job_id)
                  if e["event"] == "watch.ended_job" and e["source"] == "root"]
         assert len(ended) == 1, (ended, time.monotonic() - written)
         ended_after = ended[0] - written_at
@@ -74,7 +73,7 @@ python3 train.py {STEPS} 0.5
         assert len(resumed_on) == 2 and bad not in resumed_on, info
         node = scontrol(cluster, "-o", "show", "node", bad)
         assert "DRAIN" in node and "Reason=jobwrap: xid gpu0" in node and "79" in node, node
-        events = JobState(cluster.state_dir, job_id).events()
+        events = cluster.events(job_id)
         ends = [(e["attempt"], e["kind"], e["decision"], e["exclude"]) for e in events
                 if e["event"] == "attempt.end" and e["source"] == "root"]
         assert ends == [(0, "hardware", "requeue", [bad]), (1, "success", "done", [])], ends
@@ -93,7 +92,7 @@ python3 train.py {STEPS} 0.5
                    if "wrapper.watch" in p.cmdline() and job_id in p.cmdline()]:
         assert time.monotonic() < deadline, ("a watcher outlived its job", left, [
             (e["event"], e.get("node"), e.get("attempt"))
-            for e in JobState(cluster.state_dir, job_id).events()
+            for e in cluster.events(job_id)
             if e["source"] == "root" and e["event"].split(".")[0] in ("prolog", "epilog",
                                                                       "watch")])
         time.sleep(0.3)
@@ -115,10 +114,10 @@ def test_a_job_cancelled_while_it_runs_is_classed_cancelled_and_stays_stopped(
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not [
-            e for e in JobState(cluster.state_dir, job_id).events()
+            e for e in cluster.events(job_id)
             if e["event"] == "attempt.end"]:
         time.sleep(0.3)
     ends = [(e["attempt"], e["kind"], e["decision"])
-            for e in JobState(cluster.state_dir, job_id).events()
+            for e in cluster.events(job_id)
             if e["event"] == "attempt.end" and e["source"] == "root"]
     assert ends == [(0, "cancelled", "stop")], (ends, out.read_text())

@@ -32,7 +32,6 @@ from jobwrap_dev.sandbox.cluster import Cluster
 from tests.sandbox import free_ports
 from tests.support import framework_python, host_lock
 from wrapper.checkpoints import latest_valid
-from wrapper.job.state import JobState
 from wrapper.slurm.parse import expand_hostlist
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
@@ -159,7 +158,7 @@ def finish(cluster: Cluster, run: Run) -> str:
 
 def root_ends(cluster: Cluster, run: Run) -> list[tuple[int, str, str]]:
     return [(e["attempt"], e["kind"], e["decision"])
-            for e in JobState(cluster.state_dir, run.job_id).events()
+            for e in cluster.events(run.job_id)
             if e["event"] == "attempt.end" and e["source"] == "root"]
 
 

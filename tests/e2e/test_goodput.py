@@ -94,7 +94,7 @@ python3 train.py {STEPS} 0.4
     assert "goodput  ETTR" in _jobwrap(cluster, "status", job_id)
 
     # the metrics: this job's share
-    prom = (cluster.base / "jobwrap" / "metrics" / "jobwrap.prom").read_text()
+    prom = "".join(cluster.metrics_texts())
     assert 'jobwrap_restart_gaps_total{class="user_error"' in prom, prom
     assert "jobwrap_goodput_wall_seconds_total" in prom
 

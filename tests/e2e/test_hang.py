@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 TORCH = Path("/opt/jobwrap/frameworks/bin/python")
 STEPS = 8
@@ -75,7 +74,7 @@ export PORT=$((20000 + SLURM_JOB_ID % 20000))
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
     assert f"done sum {STEPS * (STEPS + 1) // 2}" in output, output
     assert "start=3" in output, output  # resumed from step 3's checkpoint
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     hang = [e for e in events if e["event"] == "hang"]
     assert len(hang) == 1 and hang[0]["learned"] is True, hang
     ends = [(e["attempt"], e["kind"], e["decision"]) for e in events
@@ -139,7 +138,7 @@ export CRASH_AT=3 CRASH_HOW=hang
     assert "jobwrap run: attempt 0 ended: hang (" in output and \
         "restarting in place" in output, output
     assert "attempt=1 resume=" in output and "start=3" in output, output
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     hangs = [e for e in events if e["event"] == "hang"]
     assert len(hangs) == 1 and hangs[0]["attempt"] == 0, hangs
     [in_place] = [e for e in events if e["event"] == "hang.in_place"]

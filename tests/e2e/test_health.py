@@ -6,7 +6,6 @@ import subprocess
 import time
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 
 
@@ -58,7 +57,7 @@ def test_faulty_gpu_drains_its_node_and_the_job_runs_elsewhere(cluster: Cluster)
         assert ran == "ran on n2"
         assert banner.startswith("jobwrap: attempt 1 after node n1 failed its health check "
                                  "(jobwrap: row_remap gpu0(GPU-"), banner
-        events = JobState(cluster.state_dir, job_id).events()
+        events = cluster.events(job_id)
         unhealthy = [e for e in events if e["event"] == "prolog.unhealthy"]
         assert unhealthy and unhealthy[0]["node"] == "n1"
 
@@ -89,7 +88,7 @@ def test_faulty_gpu_drains_its_node_and_the_job_runs_elsewhere(cluster: Cluster)
 def test_healthy_cluster_runs_with_no_drain(cluster: Cluster) -> None:
     job_id = cluster.submit("#!/bin/bash\ntrue\n", "-N2", "--gres=gpu:4", name="fine.sh")
     assert cluster.wait_job(job_id)["JobState"] == "COMPLETED"
-    health = [e for e in JobState(cluster.state_dir, job_id).events() if e["event"] == "health"]
+    health = [e for e in cluster.events(job_id) if e["event"] == "health"]
     nodes = sorted({e["node"] for e in health})  # the two of the three it ran on
     assert len(nodes) == 2, health
     assert sorted((e["node"], e["phase"], e["verdict"]) for e in health) == [

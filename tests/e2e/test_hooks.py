@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 JOB = """#!/bin/bash
 #SBATCH --nodes=2
@@ -20,7 +19,7 @@ def test_two_node_gpu_job_as_user(cluster: Cluster) -> None:
     assert info["JobState"] == "COMPLETED", info
     user = cluster.spec.user
 
-    events = [e for e in JobState(cluster.state_dir, job_id).events()
+    events = [e for e in cluster.events(job_id)
               if e["event"].endswith(".context")]
     by_hook: dict[str, set[str]] = {}
     for event in events:
@@ -41,8 +40,32 @@ def test_two_node_gpu_job_as_user(cluster: Cluster) -> None:
 
     out = (cluster.work / f"hooks-{job_id}.out").read_text().split("\n")
     lines = sorted(line for line in out if line)
-    scratch = cluster.scratch_root / job_id
-    assert lines == [f"n1 attempt=0 scratch={scratch}", f"n2 attempt=0 scratch={scratch}"]
+    # each node its own scratch, under its own folder
+    assert lines == [f"{n} attempt=0 scratch={cluster.scratch_of(n) / job_id}"
+                     for n in ("n1", "n2")]
+    # each node's state folder holds what that node's hooks wrote, and nothing of the other's
+    for node in ("n1", "n2"):
+        own = cluster.job_state(job_id, node).events()
+        assert own and {e["node"] for e in own if e.get("node")} == {node}, (node, own)
+
+
+def test_no_two_sandbox_nodes_share_a_folder_a_real_node_keeps_to_itself(
+        cluster: Cluster) -> None:
+    """The config every node reads (as shipped to slurmd's hooks) gives each node its own
+    state, scratch, cache, log and metrics, and all of them the one archive."""
+    from wrapper import config
+    from wrapper.config import NODE_LOCAL
+
+    loaded = {n: config.load(str(cluster.jobwrap_config), env={}, node=n)
+              for n in cluster.spec.nodes}
+    assert len(loaded) >= 2
+    for section, key in NODE_LOCAL:
+        paths = [getattr(getattr(cfg, section), key) for cfg in loaded.values()]
+        assert all(paths) and len(set(paths)) == len(paths), (section, key, paths)
+        assert not any(p.startswith(q.rstrip("/") + "/") for p in paths for q in paths
+                       if p != q), paths  # nor one inside another's
+    assert len({cfg.paths.archive_root for cfg in loaded.values()}) == 1
+    assert loaded["n1"].paths.state_dir == str(cluster.state_of("n1"))
 
 
 def test_bad_jobwrap_config_never_drains_a_node(cluster: Cluster) -> None:

@@ -14,7 +14,6 @@ import pytest
 
 import jobwrap_dev.sandbox
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 STEPS = 8
 EXPECTED = STEPS * (STEPS + 1) // 2
@@ -50,7 +49,7 @@ def run_job(cluster: Cluster, name: str, script: str, *, timeout: float = 150) -
 
 
 def attempt_ends(cluster: Cluster, job_id: str) -> list[dict[str, object]]:
-    return [e for e in JobState(cluster.state_dir, job_id).events()
+    return [e for e in cluster.events(job_id)
             if e["event"] == "attempt.end" and e["source"] == "root"]
 
 
@@ -76,7 +75,7 @@ def test_hang_is_caught_and_resumed(cluster: Cluster, payload: str) -> None:
     assert f"done sum {EXPECTED}" in output, output
     kinds = [(e["kind"], e["decision"]) for e in attempt_ends(cluster, job_id)]
     assert kinds == [("hang", "requeue"), ("success", "done")], kinds
-    events = [e["event"] for e in JobState(cluster.state_dir, job_id).events()]
+    events = [e["event"] for e in cluster.events(job_id)]
     assert "hang" in events and "checkpoint" in events
 
 
@@ -133,7 +132,7 @@ def test_gpu_xid_mid_run_drains_the_node_and_resumes_on_the_other(cluster: Clust
     while time.monotonic() < deadline and "step 3 " not in (out.read_text() if out.exists()
                                                            else ""):
         time.sleep(0.2)
-    first = next(e for e in JobState(cluster.state_dir, job_id).events()
+    first = next(e for e in cluster.events(job_id)
                  if e["event"] == "prolog.context")
     node, gpus = first["node"], first["context"]["gpus"]
     other = "n2" if node == "n1" else "n1"
@@ -147,7 +146,7 @@ def test_gpu_xid_mid_run_drains_the_node_and_resumes_on_the_other(cluster: Clust
         assert [(e["kind"], e["decision"], e["node"]) for e in ends] == [
             ("hardware", "requeue", node), ("success", "done", other)], ends
         assert ends[0]["exclude"] == [node]
-        faults = [e for e in JobState(cluster.state_dir, job_id).events()
+        faults = [e for e in cluster.events(job_id)
                   if e["event"] == "gpu.fault"]
         assert faults and "79" in faults[0]["reason"]
         state = Runner(cluster.env()).run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"],
@@ -169,7 +168,7 @@ def test_a_checkpoint_that_crashes_the_resume_falls_back_to_the_one_before(
     # Attempt 1 made no progress (as attempt 0): without the fallback the job would stop.
     assert [(e["attempt"], e["kind"], e["decision"]) for e in ends] == [
         (0, "user_error", "requeue"), (1, "user_error", "requeue"), (2, "success", "done")], ends
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     poisoned = str(cluster.work / "ckpt-poison" / "epoch=0-step=4.ckpt")
     suspects = [e for e in events if e["event"] == "checkpoint.suspect"]
     assert [(e["source"], e["attempt"], e["path"]) for e in suspects] == [

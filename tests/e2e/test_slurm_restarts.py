@@ -30,7 +30,6 @@ from tests.support.restarts import (
 )
 from wrapper.config import SlurmConfig
 from wrapper.errors import SlurmError
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.slurm.commands import CliBackend
 from wrapper.supervisor.launch import SlurmLook
@@ -51,7 +50,7 @@ def goes_on(cluster: Cluster, job_id: str, out: Path, nodes: list[str],
     assert processes(cluster, job_id, nodes) == procs  # no new supervisor or watcher
     poll("a checkpoint seen by the supervisor after the restart", lambda: any(
         e["event"] == "checkpoint" and float(e["ts"]) > since
-        for e in JobState(cluster.state_dir, job_id).events()), 15)
+        for e in cluster.events(job_id)), 15)
 
 
 def ends_right(cluster: Cluster, job_id: str, out: Path, nodes: list[str],
@@ -63,7 +62,7 @@ def ends_right(cluster: Cluster, job_id: str, out: Path, nodes: list[str],
     assert output.count(f"done sum {EXPECTED}") == 2, output  # both ranks, no step lost
     for node in nodes:
         assert f"attempt 0: a new step on {node}" in output, output
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     ends = [(e["attempt"], e["kind"], e["decision"]) for e in events
             if e["event"] == "attempt.end" and e["source"] == "root"]
     assert ends == [(0, "success", "done")], ends
@@ -105,7 +104,7 @@ def test_slurmctld_restarted_under_a_running_job(cluster: Cluster, payload: str)
     backend = CliBackend(SlurmConfig(command_timeout=3), Runner(cluster.env()))
     with pytest.raises(SlurmError):
         backend.job_state(job_id)
-    look = SlurmLook(backend, job_id, JobState(cluster.state_dir, job_id), 0,
+    look = SlurmLook(backend, job_id, cluster.job_state(job_id), 0,
                      unreachable_after=600)
     assert look() == "RUNNING"
     poll("two steps while slurmctld is down", lambda: last_step(out) >= step + 2, 15)
@@ -121,8 +120,7 @@ def test_a_gpu_fault_after_slurmd_restarts_is_still_caught(cluster: Cluster,
     job_id, out, nodes, procs = start_job(cluster, "restart-xid")
     first, second = nodes
     restart_slurmd(cluster, nodes)
-    state = JobState(cluster.state_dir, job_id)
-    gpus = next(e for e in state.events() if e["event"] == "prolog.context"
+    gpus = next(e for e in cluster.events(job_id) if e["event"] == "prolog.context"
                 and e["node"] == second)["context"]["gpus"]
     try:
         cluster.set_gpu_faults(second, {g: {"xid_events": (79,)} for g in gpus})
@@ -131,7 +129,7 @@ def test_a_gpu_fault_after_slurmd_restarts_is_still_caught(cluster: Cluster,
         output = out.read_text()
         assert info["JobState"] == "COMPLETED", output
         assert output.count(f"done sum {EXPECTED}") == 2, output
-        events = state.events()
+        events = cluster.events(job_id)
         # the watcher the prolog started before the restart is the one that acted
         faults = [e for e in events if e["event"] == "watch.fault"]
         assert [(e["attempt"], e["node"]) for e in faults] == [(0, second)], faults

@@ -15,7 +15,6 @@ import pytest
 
 import jobwrap_dev.sandbox
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 
 STEPS = 14
@@ -65,8 +64,7 @@ def test_a_gpu_fault_moves_the_work_to_the_spare_inside_the_allocation(
     text = wait_for(out, "step 3 ", 90)
     assert "working on 2 of the job's 3 nodes; 1 spare (n3)" in text, text
     assert "rank 1 on n2" in text and "n3" not in text.split("1 spare (n3)")[1], text
-    state = JobState(cluster.state_dir, job_id)
-    gpus = next(e for e in state.events() if e["event"] == "prolog.context"
+    gpus = next(e for e in cluster.events(job_id) if e["event"] == "prolog.context"
                 and e["node"] == "n2")["context"]["gpus"]
     try:
         cluster.set_gpu_faults("n2", {g: {"xid_events": (79,)} for g in gpus})
@@ -80,7 +78,7 @@ def test_a_gpu_fault_moves_the_work_to_the_spare_inside_the_allocation(
             "0 spare left)" in output, output
         assert "rank 1 on n3" in output, output
         assert "attempt 1: resuming from" in output, output
-        events = state.events()
+        events = cluster.events(job_id)
         [used] = [e for e in events if e["event"] == "run.spare_used"]
         assert (used["failed"], used["replaced_by"]) == (["n2"], ["n3"])
         assert "xid" in used["reason"], used

@@ -14,7 +14,6 @@ import pytest
 
 from jobwrap_dev.sandbox.cluster import Cluster
 from jobwrap_dev.sandbox.daemons import SandboxError
-from wrapper.job.state import JobState
 
 
 def chown_tree(path: Path, user: str) -> None:
@@ -58,7 +57,7 @@ cp -r data/sub results/copy
 
 
 def staged_events(cluster: Cluster, job_id: str, name: str) -> list[dict[str, object]]:
-    return [e for e in JobState(cluster.state_dir, job_id).events() if e["event"] == name]
+    return [e for e in cluster.events(job_id) if e["event"] == name]
 
 
 def test_stage_in_read_write_stage_out_then_cache(cluster: Cluster, dataset: Path) -> None:
@@ -75,12 +74,21 @@ def test_stage_in_read_write_stage_out_then_cache(cluster: Cluster, dataset: Pat
     [first] = staged_events(cluster, job_id, "staging.in")
     assert first["files"] >= 101
     # scratch was removed after the job
-    assert not (cluster.scratch_root / job_id).exists()
+    assert not any(p.exists() for p in cluster.scratch_paths(job_id))
 
-    again = cluster.submit(JOB.format(name="st2", work=work, extra=""), name="st2.sh")
+    # on the same node, its own cache serves the dataset; on another, that node's own
+    # cache has not seen it (each node keeps its cache to itself)
+    again = cluster.submit(JOB.format(name="st2", work=work, extra=""), "-w", info["NodeList"],
+                           name="st2.sh")
     assert cluster.wait_job(again)["JobState"] == "COMPLETED"
     [second] = staged_events(cluster, again, "staging.in")
-    assert second["cache_hits"] >= 1, second  # the node's cache served the dataset
+    assert second["cache_hits"] >= 1, second
+    other = next(n for n in cluster.spec.nodes if n != info["NodeList"])
+    elsewhere = cluster.submit(JOB.format(name="st2b", work=work, extra=""), "-w", other,
+                               name="st2b.sh")
+    assert cluster.wait_job(elsewhere)["JobState"] == "COMPLETED"
+    [third] = staged_events(cluster, elsewhere, "staging.in")
+    assert third["cache_hits"] == 0, third
 
 
 def test_failed_job_outputs_are_still_staged_out(cluster: Cluster, dataset: Path) -> None:
@@ -104,7 +112,8 @@ def test_root_only_source_fails_the_job_not_the_node(cluster: Cluster) -> None:
     output = (cluster.work / f"st4-{job_id}.out").read_text()
     assert "jobwrap: the job did not start:" in output and str(secret) in output, output
     assert "should not run" not in output
-    assert not any(p.name == "s.bin" for p in cluster.scratch_root.rglob("*"))
+    assert not any(p.name == "s.bin" for n in cluster.spec.nodes
+                   for p in cluster.scratch_of(n).rglob("*"))
     assert set(cluster.node_states().values()) == {"idle"}
     ends = staged_events(cluster, job_id, "attempt.end")
     assert ends and ends[0]["decision"] == "stop", ends
@@ -125,7 +134,7 @@ def test_symlink_to_root_in_scratch_deletes_nothing_outside(cluster: Cluster) ->
     assert cluster.wait_job(job_id)["JobState"] == "COMPLETED"
     assert (sentinel / "keep").read_text() == "keep me"
     assert Path("/etc/passwd").exists()
-    assert not (cluster.scratch_root / job_id).exists()
+    assert not any(p.exists() for p in cluster.scratch_paths(job_id))
     removed = staged_events(cluster, job_id, "scratch.removed")
     assert removed and all(e["complete"] for e in removed)
     subprocess.run(["true"], check=True)

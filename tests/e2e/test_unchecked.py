@@ -25,7 +25,6 @@ import time
 import pytest
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 JOB_A = """#!/bin/bash
 #SBATCH --output=unchecked-%j.out
@@ -67,12 +66,11 @@ def _follow(cluster: Cluster, fillers: list[str], jobs: list[str], nodes: int = 
     job_id = cluster.submit(JOB_A if nodes == 1 else JOB_A_TWO_NODES, f"-N{nodes}", "-c1",
                             "--requeue", name="unchecked.sh")
     jobs.append(job_id)
-    state = JobState(cluster.state_dir, job_id)
     deadline = time.monotonic() + 150
     freed = False
     info: dict[str, str] = {}
     while time.monotonic() < deadline:
-        events = state.events(root_only=True)
+        events = cluster.events(job_id, root_only=True)
         if not freed and any(e["event"] == "attempt.end" and e["kind"] == "unchecked"
                              for e in events):
             subprocess.run(["scancel", fillers[0]], env=cluster.env(), check=True)
@@ -82,7 +80,7 @@ def _follow(cluster: Cluster, fillers: list[str], jobs: list[str], nodes: int = 
             break
         time.sleep(0.3)
     output = (cluster.work / f"unchecked-{job_id}.out").read_text()
-    return job_id, info, output, state.events(root_only=True)
+    return job_id, info, output, cluster.events(job_id, root_only=True)
 
 
 # where the skip is made: (the node kept busy, the nodes filled, job A's nodes)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from jobwrap_dev.sandbox.cluster import Cluster
-from wrapper.job.state import JobState
 
 
 def test_a_job_without_steps_gets_the_walltime_signal_in_its_batch_shell(
@@ -18,7 +17,7 @@ def test_a_job_without_steps_gets_the_walltime_signal_in_its_batch_shell(
     output = (cluster.work / f"nostep-{job_id}.out").read_text()
     assert info["JobState"] == "COMPLETED", (info, output)
     assert "got URG in the batch shell" in output and "never signalled" not in output, output
-    events = [e for e in JobState(cluster.state_dir, job_id).events()
+    events = [e for e in cluster.events(job_id)
               if e["event"] == "walltime.signal"]
     assert len(events) == 1 and events[0]["signal"] == "URG", events
 
@@ -41,7 +40,7 @@ def test_a_job_that_requeues_itself_is_recorded_and_not_requeued_twice(
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
     assert output.count("run restarts=") == 2 and "not requeued" not in output, output
     assert output.count("finished") == 1, output
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     external = [(e["attempt"], e["restarts"]) for e in events
                 if e["event"] == "requeue.external" and e["source"] == "root"]
     assert external == [(0, 1)], events
@@ -79,7 +78,7 @@ def test_before_the_limit_a_saved_job_is_requeued_at_once_and_loses_no_step(
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
     assert f"done sum {steps * (steps + 1) // 2}" in output, output
     assert f"save file: {cluster.work}/ckpt-wtsave/.jobwrap-save-now" in output, output
-    events = JobState(cluster.state_dir, job_id).events()
+    events = cluster.events(job_id)
     requeued = _requeued_once_and_resumed(events, output)
     assert requeued["seconds_left"] > 60, requeued
     assert "requeued before its time limit by jobwrap's supervisor once the checkpoint " \
@@ -107,20 +106,19 @@ def test_a_time_limit_lowered_while_the_job_runs_moves_the_save_and_requeue_befo
         "#JOBWRAP --checkpoint-dir=ckpt-wtlower --max-restarts=1\n"
         f"python3 train.py {steps} 0.5\n", name="wtlower.sh")
     out = cluster.work / f"wtlower-{job_id}.out"
-    state = JobState(cluster.state_dir, job_id)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not (
             out.exists() and "step 5 " in out.read_text()
-            and any(e["event"] == "supervisor.start" for e in state.events())):
+            and any(e["event"] == "supervisor.start" for e in cluster.events(job_id))):
         time.sleep(0.5)
     assert "step 5 " in out.read_text(), out.read_text()
-    assert not any(e["event"] == "walltime.signal" for e in state.events())
+    assert not any(e["event"] == "walltime.signal" for e in cluster.events(job_id))
     cluster.as_user(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={new_limit // 60}"])
     info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "TIMEOUT"}, timeout=400)
     output = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
     assert f"done sum {steps * (steps + 1) // 2}" in output, output
-    events = state.events()
+    events = cluster.events(job_id)
     signals = [e for e in events if e["event"] == "walltime.signal" and e["attempt"] == 0]
     assert len(signals) == 1 and 0 < signals[0]["seconds_left"] < new_limit, signals
     requeued = _requeued_once_and_resumed(events, output)

@@ -14,7 +14,6 @@ import psutil
 import jobwrap_dev.sandbox
 from jobwrap_dev.sandbox.cluster import Cluster
 from tests.support import poll
-from wrapper.job.state import JobState
 from wrapper.runner import Runner
 from wrapper.watch.files import pid_file
 
@@ -54,11 +53,10 @@ def last_step(out: Path) -> int:
 def processes(cluster: Cluster, job_id: str, nodes: list[str]) -> dict[str, tuple[int, float]]:
     """The attempt's supervisor (its own ``supervisor.start``) and each node's watcher (its
     pid file): name -> (pid, start time); empty until all of them are there."""
-    state = JobState(cluster.state_dir, job_id)
-    pids = {f"supervisor {e['pid']}": int(e["pid"]) for e in state.events()
+    pids = {f"supervisor {e['pid']}": int(e["pid"]) for e in cluster.events(job_id)
             if e["event"] == "supervisor.start" and e.get("attempt") == 0}
     for node in nodes:
-        record = state.read_json(pid_file(node))
+        record = cluster.job_state(job_id, node).read_json(pid_file(node))
         if record:
             pids[f"watcher {node}"] = int(record["pid"])
     if len(pids) != 1 + len(nodes):
@@ -110,7 +108,7 @@ def start_job(cluster: Cluster, name: str) -> tuple[str, Path, list[str],
     job_id = cluster.submit(script(name), name=f"{name}.sh")
     out = cluster.work / f"{name}-{job_id}.out"
     poll("step 3", lambda: last_step(out) >= 3, 60)
-    nodes = sorted({str(e["node"]) for e in JobState(cluster.state_dir, job_id).events()
+    nodes = sorted({str(e["node"]) for e in cluster.events(job_id)
                     if e["event"] == "prolog.context" and e.get("attempt") == 0})
     assert len(nodes) == 2, nodes
     procs = poll("the supervisor and both watchers", lambda: processes(cluster, job_id, nodes),
