@@ -61,3 +61,32 @@ def test_the_steps_only_kill_ends_one_array_tasks_steps_alone(cluster: Cluster) 
             assert info["JobState"] == "COMPLETED", info
     finally:
         runner.run(["scancel", array], timeout=20, check=False)
+
+
+def test_ending_the_task_that_holds_the_arrays_id_ends_that_task_alone(
+        cluster: Cluster) -> None:
+    """The whole-job end (the supervisor's after a hang, a watcher's after a GPU fault:
+    ``scancel --full --signal=KILL``) and the requeue name the array's first task as A_T:
+    its numeric id, bare, is every task of the array to scancel and scontrol."""
+    runner = Runner(cluster.env())
+    array = cluster.submit(SCRIPT, "--array=0-1", "--ntasks=1", name="array-end.sh")
+    backend = CliBackend(SlurmConfig(), runner)
+
+    def tasks() -> dict[str, str]:
+        out = runner.run(["squeue", "-h", "-r", "-j", array, "-t", "R", "-o", "%A %K"],
+                         timeout=20).stdout
+        found = dict(line.split() for line in out.splitlines() if line.strip())
+        return found if len(found) == 2 else {}
+
+    try:
+        ids = poll("two running array tasks", tasks, 60)
+        assert array in ids, (array, ids)  # the case this test is for is played
+        sibling = next(j for j in ids if j != array)
+        backend.signal_job(array, "KILL", full=True)
+        ended = cluster.wait_job(array, timeout=60)
+        assert ended["JobState"] in ("CANCELLED", "FAILED"), ended
+        # the sibling still runs its step: it was never signalled
+        assert cluster.job(sibling)["JobState"] == "RUNNING", cluster.job(sibling)
+        assert backend.job_steps(sibling) == [f"{sibling}.0"]
+    finally:
+        runner.run(["scancel", array], timeout=20, check=False)
