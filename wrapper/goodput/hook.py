@@ -88,7 +88,10 @@ def ledger_of(state: JobState, now: float | None = None, *, archive_root: str = 
 
 def attempt_records(state: JobState, archive_root: str = "",
                     user: str = "") -> list[dict[str, Any]]:
-    """The job's attempts (``AttemptSummary`` dicts): this node's, then the archive's."""
+    """The job's attempts (``AttemptSummary`` dicts): this node's, then the archive's. An
+    attempt no hook of this node ran (only root's verdict on it is here, carried by the
+    next attempt's prolog: wrapper/archive/carry.py) is the archive's, which holds its
+    whole story, where the archive has it."""
     from wrapper.archive.status import timeline
     from wrapper.errors import JobwrapError
     from wrapper.job.store import JobStore
@@ -103,7 +106,8 @@ def attempt_records(state: JobState, archive_root: str = "",
             manifest = {}
         for entry in manifest.get("attempts") or []:
             number = entry.get("attempt") if isinstance(entry, dict) else None
-            if isinstance(number, int) and number not in records:
+            if isinstance(number, int) and (number not in records
+                                            or not records[number].get("nodes")):
                 records[number] = entry
     return [records[n] for n in sorted(records)]
 

@@ -80,3 +80,28 @@ def test_a_spare_swap_is_known_to_the_next_batch_node_through_the_archive(
                     extra={})
     assert working_before(cfg) == 2
     assert working_before(config(shared, enabled=False)) is None
+
+
+def test_the_ledger_takes_an_attempt_it_only_heard_of_from_the_archive(
+        shared: Path, user: UserIds) -> None:
+    """Carried verdicts make a partial attempt here (its end, no start, no checkpoint):
+    the goodput ledger and the AdminComment take that attempt's whole story from the
+    archive, never the partial one."""
+    from wrapper.goodput.hook import attempt_records
+
+    cfg = config(shared)
+    (shared / "work").mkdir()
+    on_a, on_b = _node_state(shared, "a", user), _node_state(shared, "b", user)
+    a = JobStore(on_a)
+    a.record(ev.PrologContext(node="a", hook="prolog", attempt=0, context={}))
+    a.record(ev.AttemptEnd(attempt=0, node="a", kind="hardware", decision="requeue"))
+    archive_attempt(cfg, on_a, record(shared, user), attempt=0, node="a", script_text="",
+                    extra={})
+    b = JobStore(on_b)
+    b.record(ev.PrologContext(node="b", hook="prolog", attempt=1, context={}))
+    earlier_verdicts(cfg, b, job_id="42", user=user.name, attempt=1)
+    got = attempt_records(on_b, cfg.paths.archive_root, user.name)
+    [zero, one] = got
+    assert (zero["attempt"], zero["outcome"], one["attempt"]) == (0, "hardware", 1)
+    # the archive's whole attempt (where it ran, from its start), not the end alone
+    assert zero["nodes"] == ["a"] and zero["started_at"] < zero["ended_at"], zero
