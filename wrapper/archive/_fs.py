@@ -187,15 +187,18 @@ def write_json_atomic(parent: int, name: str, data: dict[str, Any], access: Acce
     os.fsync(parent)
 
 
-def read_json(parent: int, name: str) -> dict[str, Any] | None:
-    """A JSON object file, or None when it is absent, not a regular file or not JSON."""
+def read_json(parent: int, name: str, max_bytes: int | None = None) -> dict[str, Any] | None:
+    """A JSON object file, or None when it is absent, not a regular file, larger than
+    ``max_bytes`` (when given) or not JSON."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                      dir_fd=parent)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (max_bytes is not None
+                                               and info.st_size > max_bytes):
             return None
         try:
             data = json.load(handle)

@@ -23,7 +23,7 @@ from typing import Any
 
 from wrapper import log
 from wrapper.archive import manifest
-from wrapper.archive._fs import Access, ArchiveError
+from wrapper.archive._fs import Access, ArchiveError, write_json_atomic
 from wrapper.archive.collect import (
     INCOMPLETE,
     MISSING,
@@ -140,6 +140,7 @@ def _archive(cfg: Config, state: JobState, record: JobRecord, *, attempt: int, n
                                           min(settings.git_timeout, max(0.1, deadline - clock())))
                 python = _packages(user, events, number,
                                    min(settings.git_timeout, max(0.1, deadline - clock())))
+            _write_verdicts(writer.part_dir(number), sources.events, access)
             writer.write_part(number, {
                 "archived_at": time.time(), "complete": part_complete,
                 "recovered_by": None if current else attempt,
@@ -216,6 +217,20 @@ def output_specs(record: JobRecord, slurm: Mapping[str, Any], node: str,
         used.add(f"{name}.gz")
         specs.append(OutputSpec("output", f"{name}.gz", where))
     return tuple(specs)
+
+
+def _write_verdicts(part_fd: int, records: list[dict[str, Any]], access: Access) -> None:
+    """Root's verdicts among the part's records (the kinds a later attempt's nodes carry:
+    archive/carry.py), in a small file of their own beside part.json; none, no file."""
+    from wrapper.archive.carry import CARRIED
+    from wrapper.archive.parts import PART_FORMAT, VERDICTS, VERDICTS_MAX, VERDICTS_MAX_BYTES
+
+    kept = [r for r in records if r.get("source") == "root" and r.get("event") in CARRIED]
+    kept = kept[-VERDICTS_MAX:]
+    while kept and len(json.dumps(kept, default=str)) > VERDICTS_MAX_BYTES // 2:
+        kept = kept[1:]  # the newest that fit (each is root's own, small)
+    if kept:
+        write_json_atomic(part_fd, VERDICTS, {"format": PART_FORMAT, "records": kept}, access)
 
 
 def _earlier_attempts(events: list[ev.Event], node: str, attempt: int) -> list[int]:

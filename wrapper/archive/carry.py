@@ -6,17 +6,25 @@ restart brakes weigh), the checkpoints it judged suspect and a node's failed hea
 are written on the node that made them, and a requeued job's next attempt often starts on
 other nodes (the faulty one is excluded). What crosses to them is the job's archive: root
 wrote it (each node's epilog, its part of the attempt, committed before Slurm lets the job
-start again: a requeued job stays COMPLETING until every epilog has ended), under
-``archive_root``, the one place every node shares, in folders the job's user may read but
-not write. The prolog of a later attempt copies those verdicts into this node's own
-folder, once each, with their own time, so that every reader here (the epilog's brakes,
-the resume's choice, the task-prolog's banner, the supervisor) finds them as if written
-here. Without an archive (``[archive] enabled = false``) only this node's own memory
-remains, and docs/architecture.md says what that costs.
+start again: a requeued job stays COMPLETING until every epilog has ended; a prolog that
+fails its check archives its own), under ``archive_root``, the one place every node
+shares, in folders the job's user may read but not write. Each part keeps root's
+verdicts in a small file of their own (``parts.VERDICTS``, bounded), so that what is
+read here never grows with what the job wrote. The prolog of a later attempt (and its
+first node's epilog, for what its prolog could not read) copies those verdicts into this
+node's own folder, once each, with their own time, so that every reader here (the
+brakes, the resume's choice, the task-prolog's banner, the supervisor) finds them as if
+written here: the newest CARRY_ATTEMPTS attempts, within a share of the prolog's budget.
+
+Where it cannot reach: without an archive (``[archive] enabled = false``), and for an
+attempt whose first node Slurm lost before its epilog ran, only this node's own memory
+remains; the brakes weigh what there is, and the restart limit, Slurm's count, holds.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from wrapper import log
@@ -32,25 +40,38 @@ if TYPE_CHECKING:
 CARRIED = (ev.AttemptEnd.KIND, ev.CheckpointSuspect.KIND, ev.PrologUnhealthy.KIND)
 
 
+# What a prolog reads at most: the newest attempts' verdict files (each bounded by
+# parts.VERDICTS_MAX_BYTES), within a share of its budget. Past these the brakes weigh
+# what was read; the restart limit itself is Slurm's count, never this history's.
+CARRY_ATTEMPTS = 16
+CARRY_SHARE = 0.25  # of [hooks] prolog_budget, and at most CARRY_MAX_S
+CARRY_MAX_S = 10.0
+
+
 def _key(record: dict[str, Any]) -> tuple[Any, ...]:
     return (record.get("ts"), record.get("event"), record.get("node"), record.get("attempt"))
 
 
 def earlier_verdicts(cfg: Config, store: JobStore, *, job_id: str, user: str,
-                     attempt: int) -> int:
+                     attempt: int, clock: Callable[[], float] = time.monotonic) -> int:
     """Copy root's verdicts on attempts before ``attempt`` from the job's archive into
     this node's folder where they are missing; returns how many were copied. Never fails
-    the prolog: an archive that cannot be read leaves this node's own memory as it is."""
-    if attempt <= 0 or not cfg.archive.enabled:
+    the hook, never runs past its share of the prolog's budget: an archive that cannot
+    be read leaves this node's own memory as it is."""
+    if attempt <= 0 or not cfg.archive.enabled or not user:
         return 0
+    from wrapper.archive.parts import load_verdicts
+
+    deadline = clock() + min(CARRY_MAX_S, CARRY_SHARE * cfg.hooks.prolog_budget)
     try:
-        parts = _parts(cfg.paths.archive_root, job_id, user)
+        found = load_verdicts(cfg.paths.archive_root, job_id, user, before=attempt,
+                              attempts=CARRY_ATTEMPTS, deadline=deadline, clock=clock)
     except (JobwrapError, OSError) as exc:
         log.get().info("carry.no_archive", error=str(exc))
         return 0
     have = {_key(r) for r in store.state.events(root_only=True)}
     copied = 0
-    for record in sorted(_verdicts(parts, attempt), key=lambda r: float(r.get("ts") or 0)):
+    for record in sorted(_verdicts(found, attempt), key=_ts):
         if _key(record) in have:
             continue
         data = {k: v for k, v in record.items() if k not in ("event", "source")}
@@ -62,17 +83,26 @@ def earlier_verdicts(cfg: Config, store: JobStore, *, job_id: str, user: str,
     return copied
 
 
-def _verdicts(parts: list[dict[str, Any]], attempt: int) -> list[dict[str, Any]]:
-    """Root's records of the carried kinds for earlier attempts, as the parts hold them."""
+def _ts(record: dict[str, Any]) -> float:
+    value = record.get("ts")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else 0.0
+
+
+def _verdicts(records: list[dict[str, Any]], attempt: int) -> list[dict[str, Any]]:
+    """Root's records of the carried kinds for earlier attempts, of a format this jobwrap
+    reads (a newer one's, mid-upgrade, stays where it is)."""
+    from wrapper.job.state import EVENTS_FORMAT, FORMAT_KEY
+
     found = []
-    for part in parts:
-        for record in part.get("events") or []:
-            if not isinstance(record, dict) or record.get("source") != "root" \
-                    or record.get("event") not in CARRIED:
-                continue
-            number = ev.attempt_of(record)
-            if number is not None and number < attempt:
-                found.append(record)
+    for record in records:
+        if record.get("source") != "root" or record.get("event") not in CARRIED:
+            continue
+        if record.get(FORMAT_KEY, 1) != EVENTS_FORMAT:
+            continue
+        number = ev.attempt_of(record)
+        if number is not None and number < attempt:
+            found.append(record)
     return found
 
 
@@ -83,13 +113,9 @@ def archived_records(cfg: Config, job_id: str, user: str = "") -> list[dict[str,
     if not cfg.archive.enabled:
         return []
     try:
-        parts = _parts(cfg.paths.archive_root, job_id, user)
+        from wrapper.archive.parts import load_parts
+
+        parts = load_parts(cfg.paths.archive_root, job_id, user or None)
     except (JobwrapError, OSError):
         return []
     return [r for p in parts for r in p.get("events") or [] if isinstance(r, dict)]
-
-
-def _parts(root: str, job_id: str, user: str) -> list[dict[str, Any]]:
-    from wrapper.archive.parts import load_parts
-
-    return load_parts(root, job_id, user or None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+from collections.abc import Callable
 from typing import Any
 
 from wrapper.archive._fs import ArchiveError, entries, open_dir, open_root, read_json
@@ -17,6 +18,11 @@ from wrapper.errors import format_of
 
 PART = "part.json"
 PART_FORMAT = 1  # a part's "format" (docs/upgrades.md); absent: 1
+# Root's verdicts of a part's attempt on its node (archive/carry.py), beside part.json:
+# small and bounded, so that the next attempt's prolog never reads a part whole.
+VERDICTS = "verdicts.json"
+VERDICTS_MAX_BYTES = 64 << 10
+VERDICTS_MAX = 64  # records in one file: the newest kept
 _JOB_ID = re.compile(r"^[0-9]{1,12}$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@-]{0,127}$")  # user and node names
 _ATTEMPT = re.compile(r"^attempt-([0-9]{1,6})$")
@@ -107,3 +113,40 @@ def load_parts(root: str, job_id: str, user: str | None = None) -> list[dict[str
             os.close(job_fd)
     finally:
         os.close(root_fd)
+
+
+def load_verdicts(root: str, job_id: str, user: str, *, before: int, attempts: int,
+                  deadline: float, clock: Callable[[], float]) -> list[dict[str, Any]]:
+    """The verdict records of the job's ``attempts`` newest attempts below ``before``,
+    every node's (each file bounded; files past the deadline, too large, unreadable or of
+    a newer format are left out: what is read is always root's, never more than this)."""
+    root_fd = open_root(root, create=False)
+    try:
+        _owner, job_fd = find_job(root_fd, check_job_id(job_id), check_name("user", user))
+    finally:
+        os.close(root_fd)
+    found: list[dict[str, Any]] = []
+    try:
+        numbers = sorted((int(m.group(1)) for e in entries(job_fd)
+                          if (m := _ATTEMPT.match(e.name)) and e.is_dir(follow_symlinks=False)
+                          and int(m.group(1)) < before), reverse=True)[:attempts]
+        for number in numbers:
+            attempt_fd = open_dir(job_fd, f"attempt-{number}")
+            try:
+                for node in entries(attempt_fd):
+                    if clock() > deadline:
+                        return found
+                    if not _NAME.match(node.name) or not node.is_dir(follow_symlinks=False):
+                        continue
+                    node_fd = open_dir(attempt_fd, node.name)
+                    try:
+                        data = read_json(node_fd, VERDICTS, max_bytes=VERDICTS_MAX_BYTES)
+                    finally:
+                        os.close(node_fd)
+                    if data is not None and data.get("format", 1) == PART_FORMAT:
+                        found += [r for r in data.get("records") or [] if isinstance(r, dict)]
+            finally:
+                os.close(attempt_fd)
+    finally:
+        os.close(job_fd)
+    return found

@@ -4,6 +4,7 @@ Layout of one job's archive::
 
     <archive_root>/<user>/<jobid>/manifest.json
     <archive_root>/<user>/<jobid>/attempt-<N>/<node>/part.json     what this part holds
+    <archive_root>/<user>/<jobid>/attempt-<N>/<node>/verdicts.json root's verdicts in it
     <archive_root>/<user>/<jobid>/attempt-<N>/<node>/stdout.gz ...  its files
 
 How it is written: each epilog builds its parts (an attempt on a node) in a temporary

@@ -85,6 +85,11 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     deadline = started + cfg.hooks.epilog_budget
     info: dict[str, str] = {}
     if ctx.first_node and not _released(ctx, record, store, backend):
+        if ctx.attempt > 0:  # what this attempt's prolog could not carry (it was skipped,
+            from wrapper.archive.carry import earlier_verdicts  # or ran before an archive)
+
+            earlier_verdicts(cfg, store, job_id=ctx.job_id, user=ctx.user,
+                             attempt=ctx.attempt)
         _decision, info = decide_attempt(ctx, cfg, state, record, backend,
                                          gpu_check_failed=gpu_check_failed,
                                          gpu_checked=gpu_checked, services=services,

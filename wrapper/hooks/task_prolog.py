@@ -92,11 +92,11 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         # Where the job's environment came from, for the manifest: the user's claims.
         extra["environment"] = claims(environ)
     try:
+        _claim_under_run(ctx, store, environ)  # first: the capped user file keeps it
         store.record(ev.TaskPrologContext(
             node=ctx.node, hook=ctx.hook, attempt=ctx.attempt, uid=os.getuid(),
             step=environ.get("SLURM_STEP_ID", ""), task=environ.get("SLURM_PROCID", ""),
             context=ctx.as_dict(), exports=values, extra=extra))
-        _claim_under_run(ctx, store, environ)
     except JobwrapError as exc:
         log.get().warning("task-prolog.state_unavailable", error=str(exc))
     return EXIT_OK

@@ -236,7 +236,8 @@ class JobState:
             return None
         return jsontext.loads_object(raw, max_bytes=len(raw))
 
-    def events(self, *, root_only: bool = False) -> list[dict[str, Any]]:
+    def events(self, *, root_only: bool = False, user_only: bool = False
+               ) -> list[dict[str, Any]]:
         """Every event of the job, root's and the user's, in time order; with
         ``root_only``, root's alone (the user's file is then not even read: a watcher's
         or supervisor's per-tick look costs nothing of what the user wrote).
@@ -247,7 +248,7 @@ class JobState:
         it is skipped.
         """
         out: list[dict[str, Any]] = []
-        files = [(ROOT_EVENTS, "root", ROOT_EVENTS_MAX, jsontext.MAX_LINE)]
+        files = [] if user_only else [(ROOT_EVENTS, "root", ROOT_EVENTS_MAX, jsontext.MAX_LINE)]
         if not root_only:
             files.append((USER_EVENTS, "user", self.user_events_max, USER_LINE_MAX))
         for name, source, bound, line_max in files:

@@ -130,7 +130,8 @@ class JobStore:
 
     def user_claims(self, attempt: int) -> list[ev.Event]:
         """What the user's side wrote for ``attempt``: reports to re-verify, never facts."""
-        return [e for e in self.events() if not e.from_root and e.attempt == attempt]
+        return [e for e in (ev.decode(r) for r in self.state.events(user_only=True))
+                if not e.from_root and e.attempt == attempt]
 
     def under_run(self, attempt: int) -> bool:
         """Whether the job's command runs under ``jobwrap run`` in ``attempt``: its

@@ -173,12 +173,13 @@ def working_before(cfg: Config) -> int | None:
         used = [e for e in JobStore.of(cfg, job_id).events() if isinstance(e, ev.SpareUsed)]
     except (JobwrapError, OSError):
         used = []
-    if not used:
+    newest = max((e.attempt for e in used), default=-1)
+    if newest < int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) - 1:
+        # an attempt since ran its batch script elsewhere: its swaps are in the archive
         records = [r for r in archived_records(cfg, job_id, os.environ.get("USER", ""))
                    if r.get("event") == ev.SpareUsed.KIND]
-        used = [e for e in ev.decode_attempts(sorted(
-            records, key=lambda r: float(r.get("ts") or 0) if isinstance(
-                r.get("ts"), int | float) else 0.0)) if isinstance(e, ev.SpareUsed)]
+        used += [e for e in ev.decode_attempts(records) if isinstance(e, ev.SpareUsed)]
+    used.sort(key=lambda e: (e.attempt, e.ts if isinstance(e.ts, float) else 0.0))
     return used[-1].working if used and used[-1].working > 0 else None
 
 

@@ -91,12 +91,15 @@ class CliBackend:
                 "%A %F %K"]
         try:
             out = self.runner.run(argv, timeout=self.config.command_timeout).stdout
-        except CommandError:
-            return job
+        except CommandError as exc:  # not knowing, acting on every task is worse: no act
+            raise SlurmError(f"job {job}: cannot tell whether it is an array's task "
+                             f"({exc})") from None
         tasks = {words[2] for words in (ln.split() for ln in out.splitlines())
                  if len(words) == 3 and words[0] == words[1] == job and words[2].isdigit()}
-        self._own_ids[job] = f"{job}_{tasks.pop()}" if len(tasks) == 1 else job
-        return self._own_ids[job]
+        own = f"{job}_{tasks.pop()}" if len(tasks) == 1 else job
+        if out.strip():  # squeue knew the job: its answer holds for the job's life
+            self._own_ids[job] = own
+        return own
 
     def recall_abilities(self, state_dir: str) -> None:
         """Spare the prolog a failing ``scontrol --json`` per job where this scontrol has

@@ -74,6 +74,7 @@ def test_a_spare_swap_is_known_to_the_next_batch_node_through_the_archive(
     JobStore(on_a).record(ev.SpareUsed(attempt=0, node="a", failed=["n2"], working=2,
                                        replaced_by=["n3"], spares_left=0))
     monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # attempt 1's batch node: b
     monkeypatch.setenv("USER", user.name)
     assert working_before(cfg) is None  # not archived yet: nothing known here
     archive_attempt(cfg, on_a, record(shared, user), attempt=0, node="a", script_text="",
@@ -105,3 +106,31 @@ def test_the_ledger_takes_an_attempt_it_only_heard_of_from_the_archive(
     assert (zero["attempt"], zero["outcome"], one["attempt"]) == (0, "hardware", 1)
     # the archive's whole attempt (where it ran, from its start), not the end alone
     assert zero["nodes"] == ["a"] and zero["started_at"] < zero["ended_at"], zero
+
+
+def test_carry_reads_only_bounded_verdict_files_within_its_time(
+        shared: Path, user: UserIds) -> None:
+    """A part's events can hold megabytes the user wrote; the next attempt's prolog reads
+    only each part's small verdict file: one past its bound is left out, and none is read
+    once its share of the prolog's budget is spent."""
+    import json
+
+    from wrapper.archive.parts import VERDICTS, VERDICTS_MAX_BYTES
+
+    cfg = config(shared)
+    (shared / "work").mkdir()
+    on_a = _node_state(shared, "a", user)
+    JobStore(on_a).record(ev.AttemptEnd(attempt=0, node="a", kind="hang", decision="requeue"))
+    archive_attempt(cfg, on_a, record(shared, user), attempt=0, node="a", script_text="",
+                    extra={})
+    verdicts = shared / "archive" / user.name / "42" / "attempt-0" / "a" / VERDICTS
+    kept = json.loads(verdicts.read_text())
+    assert [r["event"] for r in kept["records"]] == ["attempt.end"]  # root's alone
+    b = JobStore(_node_state(shared, "b", user))
+    ticks = iter([0.0, 1e9])  # the deadline is past at the first file
+    assert earlier_verdicts(cfg, b, job_id="42", user=user.name, attempt=1,
+                            clock=lambda: next(ticks, 1e9)) == 0
+    verdicts.write_text(json.dumps({**kept, "pad": "x" * VERDICTS_MAX_BYTES}))
+    assert earlier_verdicts(cfg, b, job_id="42", user=user.name, attempt=1) == 0
+    verdicts.write_text(json.dumps(kept))
+    assert earlier_verdicts(cfg, b, job_id="42", user=user.name, attempt=1) == 1

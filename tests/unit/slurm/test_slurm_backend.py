@@ -59,6 +59,8 @@ class ArrayRunner(Runner):
 
     def run(self, argv, *, timeout, input=None, check=True, cwd=None):  # type: ignore[no-untyped-def]
         self.calls.append(list(argv))
+        if argv[0] == "false":
+            return super().run(["false"], timeout=timeout)
         if argv[0] == "squeue":
             job = argv[argv.index("-j") + 1]
             text = {"40": "40 40 0\n41 40 1\n42 40 2\n", "41": "41 40 1\n",
@@ -97,7 +99,7 @@ def test_hostile_node_names_never_reach_scontrol(bad: str) -> None:
 
 
 def test_failed_command_is_a_slurm_error_naming_it() -> None:
-    cli = CliBackend(SlurmConfig(scontrol_command="false"))
+    cli = CliBackend(SlurmConfig(scontrol_command="false", squeue_command="true"))
     with pytest.raises(SlurmError, match="'false requeue 5' failed with exit code 1"):
         cli.requeue("5")
 
@@ -109,11 +111,12 @@ def test_an_admin_comment_falls_back_to_sacctmgr_once_the_job_has_finished(
     for name in ("scontrol", "sacctmgr"):
         (tmp_path / name).symlink_to("/bin/false")
     runner = RecordingCalls()
-    cli = CliBackend(SlurmConfig(scontrol_command=str(tmp_path / "scontrol")), runner)
+    cli = CliBackend(SlurmConfig(scontrol_command=str(tmp_path / "scontrol"),
+                                 squeue_command="true"), runner)
     with pytest.raises(SlurmError, match=r"scontrol update.*; and then .*sacctmgr -i modify"):
         cli.set_admin_comment("12", "jobwrap: a0=hang/stop ettr=0.50")
     assert runner.calls == [
-        ["squeue", "-h", "-r", "-t", "all", "-j", "12", "-o", "%A %F %K"],  # an array's?
+        ["true", "-h", "-r", "-t", "all", "-j", "12", "-o", "%A %F %K"],  # an array's?
         [str(tmp_path / "scontrol"), "update", "JobId=12",
          "AdminComment=jobwrap: a0=hang/stop ettr=0.50"],
         [str(tmp_path / "sacctmgr"), "-i", "modify", "job", "where", "jobid=12", "set",
@@ -319,3 +322,13 @@ def test_an_accounting_ask_has_at_most_the_time_its_caller_has_left() -> None:
     cli.ended_attempts("77", timeout=60.0)
     cli.ended_attempts("77")
     assert runner.timeouts == [1.5, 10.0, 10.0]
+
+
+def test_a_job_squeue_cannot_place_is_not_acted_on_as_a_bare_array_id() -> None:
+    """Without squeue's word the id might be an array's, every task of it: no act at all,
+    one SlurmError saying why (the caller logs it and tries again later)."""
+    runner = ArrayRunner()
+    cli = CliBackend(SlurmConfig(squeue_command="false"), runner)
+    with pytest.raises(SlurmError, match="cannot tell whether it is an array's task"):
+        cli.signal_job("40", "KILL", full=True)
+    assert [c for c in runner.calls if c[0] == "scancel"] == []
