@@ -79,6 +79,7 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
         findings.append(check_folder(f"folder.{name}", Path(getattr(cfg.paths, name)),
                                      owner_uid))
     findings.append(check_log(cfg, owner_uid))
+    findings.append(check_placement(cfg))
     findings.append(_check_archive_access(cfg))
     findings.append(_check_gpu(cfg, node))
     slurm_version = ""
@@ -461,6 +462,65 @@ def check_log(cfg: Config, owner_uid: int = 0) -> Finding:
     if finding.status != "pass":
         return finding
     return Finding(name, "pass", f"{path} in {finding.detail}")
+
+
+# File systems whose folders every node of a cluster sees (a mount's type, as
+# /proc/self/mounts names it); fuse.* mounts are taken as shared too (sshfs, s3fs, ...).
+SHARED_FS = ("nfs", "nfs4", "lustre", "gpfs", "cephfs", "ceph", "beegfs", "cifs", "smb3",
+             "glusterfs", "wekafs", "pvfs2", "orangefs", "9p", "afs", "virtiofs")
+
+
+def mount_type(path: str, mounts_text: str) -> str:
+    """The type of the file system ``path`` lies on: the longest mount point above it."""
+    best, kind = "", ""
+    real = os.path.realpath(path)
+    for line in mounts_text.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def is_shared(kind: str) -> bool:
+    return kind in SHARED_FS or kind.startswith("fuse.")
+
+
+def check_placement(cfg: Config, mounts_text: str | None = None) -> Finding:
+    """Node-local state on a node's own disk, the archive where every node reads it: a
+    requeued job's next nodes carry root's verdicts from the archive (archive/carry.py),
+    and login nodes' ``jobwrap status`` reads it there."""
+    if mounts_text is None:
+        try:
+            mounts_text = Path("/proc/self/mounts").read_text()
+        except OSError as exc:
+            return Finding("folder.placement", "warn", f"cannot read the mounts: {exc}")
+    state = mount_type(cfg.paths.state_dir, mounts_text)
+    if is_shared(state):
+        return Finding("folder.placement", "fail",
+                       f"state_dir {cfg.paths.state_dir} is on shared storage ({state}): "
+                       "it is each node's own (its jobs' root records), and nodes must "
+                       "not read each other's",
+                       "set [paths] state_dir to a folder on the node's own disk")
+    if not cfg.archive.enabled:
+        return Finding("folder.placement", "warn",
+                       "the archive is off: a requeued job's next nodes start without "
+                       "root's verdicts on its earlier attempts (the brakes' history)",
+                       "set [archive] enabled = true with archive_root on shared storage")
+    archive = mount_type(cfg.paths.archive_root, mounts_text)
+    if not is_shared(archive):
+        return Finding("folder.placement", "warn",
+                       f"archive_root {cfg.paths.archive_root} is on this node's own file "
+                       f"system ({archive or 'unknown'}): a requeued job's next nodes and "
+                       "login nodes read it from elsewhere (right only where every node "
+                       "is this host, as in a test bed)",
+                       "set [paths] archive_root to a folder on shared storage (NFS, "
+                       "Lustre, GPFS, ...), the same on every node")
+    return Finding("folder.placement", "pass", f"state_dir on {state or 'a local disk'}, "
+                   f"archive_root on shared {archive}")
 
 
 def _check_archive_access(cfg: Config) -> Finding:

@@ -130,9 +130,10 @@ def test_a_good_install_passes(node: Node) -> None:
     assert JOBWRAP_BIN.exists(), "the test venv has no jobwrap program"
     findings = node.diagnose()
     assert _failed(findings) == {}
-    # Only this Slurm's own flaw may warn (22.05 skips the Prolog of a quick requeue).
+    # Only this Slurm's own flaw may warn (22.05 skips the Prolog of a quick requeue), and
+    # the archive on this test machine's own disk (right only where every node is one host)
     assert {name for name, f in findings.items() if f.status != "pass"} <= {
-        "slurm.prolog_every_attempt"}
+        "slurm.prolog_every_attempt", "folder.placement"}
     assert findings["slurm.prolog"].detail == (f"Prolog={node.install}/prolog/prolog runs "
                                                "`jobwrap prolog`")
     assert findings["slurm.taskprolog"].status == "pass"
@@ -569,3 +570,35 @@ def test_doctor_says_what_makes_a_requeued_job_eligible(tmp_path: Path) -> None:
     conf_path.write_text("SchedulerParameters=requeue_delay=300\n")
     slow = check_requeue_mechanism(parse_slurm_conf(conf_path), "25.11.7", Config())
     assert "holds a requeued job for requeue_delay=300 s" in slow.detail
+
+
+MOUNTS = """/dev/sda1 / ext4 rw,relatime 0 0
+tmpfs /tmp tmpfs rw 0 0
+nfs1:/export/jobwrap /shared/jobwrap nfs4 rw 0 0
+lfs@o2ib:/scratch /lustre lustre rw 0 0
+/dev/sdb1 /shared/jobwrap/local ext4 rw 0 0
+s3fs /mnt/my\\040bucket fuse.s3fs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(("state", "archive", "status", "said"), [
+    ("/var/lib/jobwrap", "/shared/jobwrap/archive", "pass", "archive_root on shared nfs4"),
+    ("/var/lib/jobwrap", "/lustre/jobwrap", "pass", "shared lustre"),
+    ("/var/lib/jobwrap", "/mnt/my bucket/archive", "pass", "shared fuse.s3fs"),
+    ("/var/lib/jobwrap", "/var/lib/jobwrap/archive", "warn", "this node's own file system"),
+    ("/var/lib/jobwrap", "/shared/jobwrap/local/a", "warn", "(ext4)"),  # a local disk inside
+    ("/shared/jobwrap/state", "/shared/jobwrap/archive", "fail", "is on shared storage"),
+])
+def test_node_state_is_the_nodes_own_and_the_archive_is_shared(
+        state: str, archive: str, status: str, said: str) -> None:
+    """Each node keeps its state to itself; the archive is where a requeued job's next
+    nodes and the login nodes read root's record of it."""
+    from wrapper.config import PathsConfig
+    from wrapper.doctor import check_placement
+
+    cfg = Config(paths=PathsConfig(state_dir=state, archive_root=archive))
+    found = check_placement(cfg, MOUNTS)
+    assert (found.status, found.check) == (status, "folder.placement"), found
+    assert said in found.detail, found
+    assert found.fix or status == "pass"
+
