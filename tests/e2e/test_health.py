@@ -66,7 +66,11 @@ def test_faulty_gpu_drains_its_node_and_the_job_runs_elsewhere(cluster: Cluster)
         assert still.returncode == 1, still.stdout + still.stderr  # fault not cleared yet
         assert node_reason(cluster, "n1")[0].startswith("drain")
         cluster.set_gpu_faults("n1")
-        res = jobwrap(cluster, "check", "--resume", "--node", "n1")
+        # the shipped HealthCheckProgram, as slurmd runs it: no arguments, a bare
+        # environment but SLURMD_NODENAME; it finds jobwrap and its config as the hooks do
+        res = subprocess.run([str(cluster.runtime / "prolog" / "healthcheck")],
+                             env={"SLURMD_NODENAME": "n1"}, capture_output=True, text=True,
+                             timeout=60, check=False)
         assert res.returncode == 0, res.stdout + res.stderr
         # back in service: idle, or already running a job the queue held (seen on 25.11)
         wait_state(cluster, "n1", ("idle", "mixed", "allocated"))
