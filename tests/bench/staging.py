@@ -2,13 +2,13 @@
 ``rsync -a`` into the same local disk, alternating runs, medians.
 
 * stage-large: 1 GiB in 8 files; goal: at least 0.9 times the speed of ``cp -r``.
-* stage-small: 20,000 files of 10 KiB (100 folders of 200, as sharded datasets come);
-  goal: at least 3 times the speed of ``rsync -a``, and at least the speed of ``cp -r``
-  (the kernel's own per-file floor, one file at a time), both anchors in the same run.
-  The first stage through the node cache (``[staging] cache = true``, the default: it
-  fills the cache and links into scratch) runs in the same rotation and has its own
-  goal, the last lines: at least 3 times ``rsync -a`` and 1.5 times ``cp -r``. The
-  re-stage from the warm cache is reported too.
+* stage-small: 20,000 files of 10 KiB (100 folders of 200, as sharded datasets come),
+  staged as by default, through the node cache (``[staging] cache = true``: a new
+  dataset's first stage fills it and links into scratch), against ``rsync -a``, ``cp -r``
+  and this machine's floor for that work (``cp -r``, then a hard link per file: ``cp
+  -al``), all in the same rounds; goals (issue 42), in the worst round: at least 1.1
+  times ``rsync -a``, at most 1.3 times the floor. The stage without the cache and the
+  re-stage from the warm cache are reported too.
 * stage-cached: re-staging the 1 GiB set from the node cache, against its first copy
   (which fills the cache); goal: at least 20 times faster.
 
@@ -120,9 +120,10 @@ def large_main() -> int:
 
 
 def _rotate(runs: Sequence[Callable[[], float]], *, rounds: int,
-            warmup: int) -> list[float]:
-    """Median seconds of each run, taken in turn with the order rotating every round, so
-    that the machine's drift (and whoever runs first after a sync) hits them all alike."""
+            warmup: int) -> list[list[float]]:
+    """Seconds of each run in each round, taken in turn with the order rotating every
+    round, so that the machine's drift (and whoever runs first after a sync) hits them
+    all alike; a round's numbers are compared with each other."""
     for _ in range(warmup):
         for run in runs:
             run()
@@ -131,18 +132,24 @@ def _rotate(runs: Sequence[Callable[[], float]], *, rounds: int,
         for k in range(len(runs)):
             j = (i + k) % len(runs)
             times[j].append(runs[j]())
-    return [statistics.median(t) for t in times]
+    return times
+
+
+ROUNDS = 5
 
 
 def small_main() -> int:
+    """stage-small: 20,000 files of 10 KiB. The default stage goes through the node cache:
+    a new dataset's first stage fills it (root copies from the worker's descriptors and
+    links each file into scratch), the next links from it. Anchors, in the same rounds:
+    ``rsync -a``, ``cp -r``, and the floor of what the cache's first stage must do, ``cp
+    -r`` of the tree then one hard link per file into a second folder (``cp -al``). Goals
+    (issue 42): the first stage at least 1.1 times ``rsync -a`` and at most 1.3 times the
+    floor, in the worst of the rounds."""
     _need("rsync")
     _need("cp")
     with _workspace("small") as base:
         source = _small_dataset(base / "ds")
-        # The default configuration stages through the node cache: the first job fills
-        # it (root copies from the worker's descriptors and links each file into
-        # scratch), the next one links from it. The first stage is what a new dataset
-        # costs by default, so it runs in the same rotation as its anchors.
         caches = itertools.count()
 
         def first_copy() -> float:
@@ -151,25 +158,39 @@ def small_main() -> int:
             fresh.close()
             return seconds
 
-        ours, rsync, cp, first = _rotate(
-            [lambda: _stage(base, source),
+        def floor(out: Path) -> list[str]:
+            return ["sh", "-c", 'cp -r "$1" "$2" && cp -al "$2" "$2.links"', "floor",
+                    str(source), str(out)]
+
+        first, rsync, cp, low, bare = _rotate(
+            [first_copy,
              _tool(lambda out: ["rsync", "-a", f"{source}/", f"{out}/"], base, "rsync"),
              _tool(lambda out: ["cp", "-r", str(source), str(out)], base, "cp"),
-             first_copy],
-            rounds=7, warmup=1)
+             _tool(floor, base, "floor"),
+             lambda: _stage(base, source)],
+            rounds=ROUNDS, warmup=1)
         warm = Cache(base / "cache-warm", max_bytes=4 << 30)
         _stage(base, source, warm)
-        [cached] = _rotate([lambda: _stage(base, source, warm)], rounds=3, warmup=0)
+        [again] = _rotate([lambda: _stage(base, source, warm)], rounds=3, warmup=0)
         warm.close()
-    print(f"stage-small: 20,000 files of 10 KiB: jobwrap {ours:.2f} s, rsync -a {rsync:.2f} s, "
-          f"cp -r {cp:.2f} s (medians)")
-    print(f"stage-small through the node cache (the default): first stage {first:.2f} s "
-          f"({rsync / first:.2f}x rsync -a, {cp / first:.2f}x cp -r), re-stage {cached:.2f} s "
-          f"({first / cached:.1f}x the first) (medians)")
-    return max(verdict("stage-small", "ratio_vs_cp", cp / ours, ">=", 1),
-               verdict("stage-small", "ratio_vs_rsync", rsync / ours, ">=", 3),
-               verdict("stage-small", "cached_first_vs_cp", cp / first, ">=", 1.5),
-               verdict("stage-small", "cached_first_vs_rsync", rsync / first, ">=", 3))
+    by_rsync = [r / f for r, f in zip(rsync, first, strict=True)]
+    by_cp = [c / f for c, f in zip(cp, first, strict=True)]
+    over_floor = [f / fl for f, fl in zip(first, low, strict=True)]
+    med = statistics.median
+    print(f"stage-small: 20,000 files of 10 KiB, medians of {ROUNDS} rounds: first stage "
+          f"through the cache {med(first):.2f} s, rsync -a {med(rsync):.2f} s, cp -r "
+          f"{med(cp):.2f} s, floor (cp -r + cp -al) {med(low):.2f} s, without the cache "
+          f"{med(bare):.2f} s ({med(rsync) / med(bare):.2f}x rsync -a, "
+          f"{med(cp) / med(bare):.2f}x cp -r), re-stage from the cache {med(again):.2f} s")
+    for name, values in (("ratio_rsync", by_rsync), ("ratio_cp", by_cp),
+                         ("over_floor", over_floor)):
+        print(f"stage-small {name} per round: " + " ".join(f"{v:.2f}" for v in values)
+              + f" (spread {min(values):.2f}-{max(values):.2f})")
+    worst_rsync, worst_floor = min(by_rsync), max(over_floor)
+    ok = worst_rsync >= 1.1 and worst_floor <= 1.3
+    print(f"stage-small-cached ratio_rsync={worst_rsync:.2f} ratio_cp={min(by_cp):.2f} "
+          f"over_floor={worst_floor:.2f} runs={ROUNDS} goal ratio_rsync>=1.1 over_floor<=1.3")
+    return 0 if ok else 1
 
 
 def cached_main() -> int:

@@ -182,7 +182,8 @@ class SourceTree:
                    prove_read: bool) -> Manifest:
         entries = [_entry("", info, kind=DIR)]
         # depth first, one descriptor per level: deep trees cost depth, not breadth
-        stack: list[tuple[str, int, list[str]]] = [("", os.dup(self.root_fd), [])]
+        stack: list[tuple[str, int, list[tuple[str, bool]]]] = [
+            ("", os.dup(self.root_fd), [])]
         stack[0][2].extend(self._names(stack[0][1], ""))
         try:
             while stack:
@@ -191,8 +192,17 @@ class SourceTree:
                     os.close(fd)
                     stack.pop()
                     continue
-                name = pending.pop()
+                name, regular = pending.pop()
                 path = f"{rel}/{name}" if rel else name
+                if regular and (prove_read or checksums):
+                    # the listing says a file: opened at once (no-follow, non-blocking), its
+                    # kind proved by fstat, with no lstat before (a syscall a file saved)
+                    proved = self._open_proof(fd, name, path, checksums)
+                    if proved is None:
+                        continue  # gone since the listing: it is not part of the dataset
+                    if proved[0] is not None:
+                        entries.append(_entry(path, proved[0], sha256=proved[1]))
+                        continue
                 try:
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:
@@ -222,12 +232,41 @@ class SourceTree:
                 os.close(fd)
         return Manifest(real, DIR, tuple(entries))
 
-    def _names(self, fd: int, rel: str) -> list[str]:
+    def _names(self, fd: int, rel: str) -> list[tuple[str, bool]]:
+        """The folder's names, each with whether its listing says a regular file (the
+        file system's d_type: a hint, proved on open)."""
         try:
-            names = os.listdir(fd)
+            with os.scandir(fd) as listing:
+                names = [(e.name, e.is_file(follow_symlinks=False)) for e in listing]
         except OSError as exc:
             raise _unreadable(f"{self.label} folder {rel or self.path!r}", exc) from None
         return sorted(names, reverse=True)  # popped from the end: visited in name order
+
+    def _open_proof(self, dir_fd: int, name: str, path: str, checksums: bool
+                    ) -> tuple[os.stat_result | None, str] | None:
+        """A listed file opened and proved regular: (its stat, its digest); (None, "")
+        when it is not a regular file after all (the caller looks again); None when it is
+        gone."""
+        try:
+            fd = os.open(name, FILE_READ_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return (None, "")  # the lstat path says what it is, or why it cannot be read
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                return (None, "")
+            digest = sha256_fd(fd) if checksums else ""
+        except BaseException:
+            os.close(fd)
+            raise
+        if len(self._kept) < self._keep:
+            self._kept[path] = fd
+        else:
+            os.close(fd)
+        return st, digest
 
     def _read_proof(self, dir_fd: int, name: str, path: str,
                     checksums: bool) -> tuple[os.stat_result, str]:

@@ -419,3 +419,29 @@ def test_the_dataset_helper_covers_every_kind(tmp_path: Path, make_dataset: Make
     assert kinds == {"file", "dir", "link"}
     assert f"sub/{HOSTILE}" in tree
     assert tree["run.sh"][2] == "0o755"
+
+
+def test_a_listing_that_calls_a_fifo_a_file_is_proved_wrong_on_open(
+        dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan opens what the folder's listing calls a file (no lstat before): a FIFO put
+    in its place, or a listing that lies, is opened without blocking, found no file by
+    fstat, and refused as the scan refuses a FIFO; nothing of it is kept."""
+    from wrapper.staging.tree import SourceTree
+
+    os.mkfifo(dataset / "sub" / "pipe")
+    listed = SourceTree._names
+
+    def every_name_a_file(self: SourceTree, fd: int, rel: str) -> list[tuple[str, bool]]:
+        return [(name, True) for name, _regular in listed(self, fd, rel)]
+
+    monkeypatch.setattr(SourceTree, "_names", every_name_a_file)
+    with pytest.raises(UserInputError, match="'sub/pipe' is a fifo"), \
+            SourceTree(str(dataset), prove_read=True):
+        pass
+    os.unlink(dataset / "sub" / "pipe")  # without it, every listed file is proved and kept
+    with SourceTree(str(dataset), prove_read=True) as tree:
+        files = {e.path: e.size for e in tree.manifest.entries if e.kind == "file"}
+    on_disk = {str(p.relative_to(dataset)): p.stat().st_size for p in dataset.rglob("*")
+               if p.is_file() and not p.is_symlink()}
+    assert files and files == on_disk, files
+
