@@ -74,7 +74,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
         # The job never started: Slurm requeues it after the failed prolog by itself.
         logger.info("epilog.after_failed_prolog")
         return EXIT_OK
-    if not store.prolog_ran(ctx.node, ctx.attempt):
+    prolog_here = store.prolog_ran(ctx.node, ctx.attempt)
+    if not prolog_here:
         _unchecked_here(ctx, cfg, store, services)
     try:
         record = jobrecord.load(state)
@@ -85,8 +86,10 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     deadline = started + cfg.hooks.epilog_budget
     info: dict[str, str] = {}
     if ctx.first_node and not _released(ctx, record, store, backend):
-        if ctx.attempt > 0:  # what this attempt's prolog could not carry (it was skipped,
-            from wrapper.archive.carry import earlier_verdicts  # or ran before an archive)
+        if ctx.attempt > 0:  # root's verdicts on earlier attempts: those this attempt's
+            # prolog could not read (it was skipped, or an epilog of a node Slurm lost
+            # archived them late); what it copied already is not copied again
+            from wrapper.archive.carry import earlier_verdicts
 
             earlier_verdicts(cfg, store, job_id=ctx.job_id, user=ctx.user,
                              attempt=ctx.attempt)

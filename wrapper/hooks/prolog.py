@@ -30,10 +30,6 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     store = JobStore(state)
     store.record(ev.PrologContext(node=ctx.node, hook=ctx.hook, attempt=ctx.attempt,
                                   context=ctx.as_dict()))
-    if ctx.attempt > 0:  # root's verdicts on the earlier attempts, made on other nodes
-        from wrapper.archive.carry import earlier_verdicts
-
-        earlier_verdicts(cfg, store, job_id=ctx.job_id, user=ctx.user, attempt=ctx.attempt)
     if services is None:
         from wrapper.hooks.services import Services
 
@@ -41,6 +37,10 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str],
     backend = services.slurm
     backend.recall_abilities(cfg.paths.state_dir)  # a scontrol without --json, known
     gathered = jobrecord.gather_in_background(ctx, backend)
+    if ctx.attempt > 0:  # root's verdicts on earlier attempts (made on other nodes), read
+        from wrapper.archive.carry import earlier_verdicts  # while Slurm is being asked
+
+        earlier_verdicts(cfg, store, job_id=ctx.job_id, user=ctx.user, attempt=ctx.attempt)
     if cfg.checks.prolog:
 
         try:
