@@ -21,19 +21,20 @@ sleep 1
 """
 
 
+def running_tasks(runner: Runner, array: str) -> dict[str, str]:
+    """Array task id -> its numeric job id, once both tasks run (else {})."""
+    out = runner.run(["squeue", "-h", "-r", "-j", array, "-t", "R", "-o", "%K %A"],
+                     timeout=20).stdout
+    found = dict(line.split() for line in out.splitlines() if line.strip())
+    return found if len(found) == 2 else {}
+
+
 def test_the_steps_only_kill_ends_one_array_tasks_steps_alone(cluster: Cluster) -> None:
     runner = Runner(cluster.env())
     array = cluster.submit(SCRIPT, "--array=0-1", "--ntasks=1", name="array-steps.sh")
     backend = CliBackend(SlurmConfig(), runner)
-
-    def tasks() -> dict[str, str]:  # array task id -> its numeric job id, once both run
-        out = runner.run(["squeue", "-h", "-r", "-j", array, "-t", "R", "-o", "%K %A"],
-                         timeout=20).stdout
-        found = dict(line.split() for line in out.splitlines() if line.strip())
-        return found if len(found) == 2 else {}
-
     try:
-        ids = poll("two running array tasks", tasks, 60)
+        ids = poll("two running array tasks", lambda: running_tasks(runner, array), 60)
         # the task holding the array's own id first: its squeue -j lists both tasks' steps
         order = sorted(ids.values(), key=lambda j: j != array)
         assert array in order, (array, ids)  # the case this test is for is played
@@ -66,20 +67,15 @@ def test_the_steps_only_kill_ends_one_array_tasks_steps_alone(cluster: Cluster) 
 def test_ending_the_task_that_holds_the_arrays_id_ends_that_task_alone(
         cluster: Cluster) -> None:
     """The whole-job end (the supervisor's after a hang, a watcher's after a GPU fault:
-    ``scancel --full --signal=KILL``) and the requeue name the array's first task as A_T:
-    its numeric id, bare, is every task of the array to scancel and scontrol."""
+    ``scancel --full --signal=KILL``) names the task holding the array's own id as A_T:
+    that id, bare, is every task of the array to scancel (and to scontrol's requeue and
+    updates, which the backend names the same way: tests/unit/slurm)."""
     runner = Runner(cluster.env())
     array = cluster.submit(SCRIPT, "--array=0-1", "--ntasks=1", name="array-end.sh")
     backend = CliBackend(SlurmConfig(), runner)
-
-    def tasks() -> dict[str, str]:
-        out = runner.run(["squeue", "-h", "-r", "-j", array, "-t", "R", "-o", "%A %K"],
-                         timeout=20).stdout
-        found = dict(line.split() for line in out.splitlines() if line.strip())
-        return found if len(found) == 2 else {}
-
     try:
-        ids = poll("two running array tasks", tasks, 60)
+        ids = set(poll("two running array tasks", lambda: running_tasks(runner, array),
+                       60).values())
         assert array in ids, (array, ids)  # the case this test is for is played
         sibling = next(j for j in ids if j != array)
         backend.signal_job(array, "KILL", full=True)

@@ -10,6 +10,7 @@ import pytest
 from tests.support.archive import config, record
 from wrapper.archive import archive_attempt
 from wrapper.archive.carry import earlier_verdicts
+from wrapper.config import Config
 from wrapper.job import events as ev
 from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
@@ -20,6 +21,19 @@ def _node_state(shared: Path, node: str, user: UserIds) -> JobState:
     job = JobState(shared / node / "state", "42")
     job.prepare(user.uid, user.gid)
     return job
+
+
+def _archived_on_a(shared: Path, user: UserIds, *events: ev.Event) -> tuple[Config, JobState]:
+    """Attempt 0 of job 42 ran on node a, which recorded ``events`` (root's), and its
+    epilog archived its part; the config and a's state."""
+    cfg = config(shared)
+    (shared / "work").mkdir(exist_ok=True)
+    on_a = _node_state(shared, "a", user)
+    for event in events:
+        JobStore(on_a).record(event)
+    archive_attempt(cfg, on_a, record(shared, user), attempt=0, node="a", script_text="",
+                    extra={})
+    return cfg, on_a
 
 
 def test_the_next_attempts_first_node_learns_the_verdicts_made_on_another(
@@ -90,14 +104,10 @@ def test_the_ledger_takes_an_attempt_it_only_heard_of_from_the_archive(
     archive, never the partial one."""
     from wrapper.goodput.hook import attempt_records
 
-    cfg = config(shared)
-    (shared / "work").mkdir()
-    on_a, on_b = _node_state(shared, "a", user), _node_state(shared, "b", user)
-    a = JobStore(on_a)
-    a.record(ev.PrologContext(node="a", hook="prolog", attempt=0, context={}))
-    a.record(ev.AttemptEnd(attempt=0, node="a", kind="hardware", decision="requeue"))
-    archive_attempt(cfg, on_a, record(shared, user), attempt=0, node="a", script_text="",
-                    extra={})
+    cfg, _on_a = _archived_on_a(
+        shared, user, ev.PrologContext(node="a", hook="prolog", attempt=0, context={}),
+        ev.AttemptEnd(attempt=0, node="a", kind="hardware", decision="requeue"))
+    on_b = _node_state(shared, "b", user)
     b = JobStore(on_b)
     b.record(ev.PrologContext(node="b", hook="prolog", attempt=1, context={}))
     earlier_verdicts(cfg, b, job_id="42", user=user.name, attempt=1)
@@ -117,12 +127,8 @@ def test_carry_reads_only_bounded_verdict_files_within_its_time(
 
     from wrapper.archive.parts import VERDICTS, VERDICTS_MAX_BYTES
 
-    cfg = config(shared)
-    (shared / "work").mkdir()
-    on_a = _node_state(shared, "a", user)
-    JobStore(on_a).record(ev.AttemptEnd(attempt=0, node="a", kind="hang", decision="requeue"))
-    archive_attempt(cfg, on_a, record(shared, user), attempt=0, node="a", script_text="",
-                    extra={})
+    cfg, _on_a = _archived_on_a(
+        shared, user, ev.AttemptEnd(attempt=0, node="a", kind="hang", decision="requeue"))
     verdicts = shared / "archive" / user.name / "42" / "attempt-0" / "a" / VERDICTS
     kept = json.loads(verdicts.read_text())
     assert [r["event"] for r in kept["records"]] == ["attempt.end"]  # root's alone
