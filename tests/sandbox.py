@@ -19,14 +19,24 @@ from jobwrap_dev.sandbox.daemons import alive
 # ephemeral range) plus PORT_BLOCK per worker. No two sandboxes side by side ever race
 # for a port that one of them bound and closed; a port taken by anything else is skipped.
 PORT_BLOCK = 200
+PULSE_PORTS = 64  # the top of each block: the hubs of its sandbox's jobs ([pulse] ports)
 _taken: list[int] = []
 
 
-def _block() -> range:
+def _whole_block() -> range:
     base = int(os.environ.get("JOBWRAP_TEST_PORT_BASE", "20000"))
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     start = base + PORT_BLOCK * (int(worker) if worker.isdigit() else 0)
     return range(start, start + PORT_BLOCK)
+
+
+def _block() -> range:
+    return _whole_block()[:-PULSE_PORTS]
+
+
+def pulse_ports() -> str:
+    top = _whole_block()[-PULSE_PORTS:]
+    return f"{top[0]}-{top[-1]}"
 
 
 def _bindable(port: int) -> bool:
@@ -60,7 +70,7 @@ def make_spec(prefix: str) -> Spec:
                     "run `sudo bash tools/test`", pytrace=False)
     base = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     ctld, *nodes = free_ports(1 + len(Spec().nodes))
-    return Spec(base=base, ctld_port=ctld, node_ports=nodes)
+    return Spec(base=base, ctld_port=ctld, node_ports=nodes, pulse_ports=pulse_ports())
 
 
 @pytest.fixture(scope="session")

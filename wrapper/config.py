@@ -322,6 +322,31 @@ class SupervisorConfig(Section):
                             "it drains the node and ends the job (wrapper/watch/).")
 
 
+class PulseConfig(Section):
+    enabled: bool = _opt(True, "Every node's watcher beats to the watcher of the job's first "
+                         "node (TCP, MUNGE-signed both ways), so that a node lost mid-job is "
+                         "known in seconds instead of after SlurmdTimeout (wrapper/pulse/). "
+                         "Needs node_watch.")
+    interval: float = _opt(0.5, "Seconds between two beats of a node.", positive=True)
+    lost_after: float = _opt(4.5, "Seconds a node's open connection may stay silent before "
+                             "it is lost, and a node without the hub's ack fences itself "
+                             "(kills the job's processes on it). At least 3 x interval: a "
+                             "watcher frozen 3 s keeps its node.", positive=True)
+    fence_grace: float = _opt(2.0, "Seconds the hub waits after a loss, for the lost node's "
+                              "own fence to have surely run, before it acts.",
+                              non_negative=True)
+    ports: str = _opt("7400-7599", "TCP ports a job's hub may listen on (the first free of "
+                      "8 drawn from the job id and attempt); open them between compute "
+                      "nodes, and to nothing else.")
+    address: str = _opt("{node}", "Where the hub listens and the nodes reach it: {node} is the "
+                        "first node's Slurm name (resolved by the host's resolver), or a "
+                        "fixed address.")
+    action: str = _opt("down", "On a loss: down (set the node DOWN in Slurm with a jobwrap: "
+                       "reason; Slurm ends the job's work there, a spare or the requeue "
+                       "moves it) or record (root's pulse.lost event and log only).",
+                       choices=("down", "record"))
+
+
 class RestartConfig(Section):
     max_restarts: int = _opt(3, "Default for --max-restarts: requeues of one job at most.",
                              non_negative=True)
@@ -557,6 +582,7 @@ class Config:
     checks: ChecksConfig
     versions: VersionsConfig
     supervisor: SupervisorConfig
+    pulse: PulseConfig
     restart: RestartConfig
     staging: StagingConfig
     archive: ArchiveConfig
@@ -603,7 +629,8 @@ class Config:
 SECTIONS: dict[str, type[Section]] = {
     "paths": PathsConfig, "log": LogConfig, "slurm": SlurmConfig, "hooks": HooksConfig,
     "gpu": GpuConfig, "checks": ChecksConfig, "versions": VersionsConfig,
-    "supervisor": SupervisorConfig, "restart": RestartConfig, "staging": StagingConfig,
+    "supervisor": SupervisorConfig, "pulse": PulseConfig, "restart": RestartConfig,
+    "staging": StagingConfig,
     "archive": ArchiveConfig, "login_guard": LoginGuardConfig, "metrics": MetricsConfig,
     "notify": NotifyConfig,
 }
@@ -710,6 +737,8 @@ def parse(raw: bytes, path: str) -> Config:
             problems.append(f"{name} must be a table ([{name}]), not {_describe(value)}")
             continue
         sections[name] = _build_section(name, SECTIONS[name], value, problems)
+    if "pulse" in sections:
+        _check_pulse(sections["pulse"], problems)
     if problems:
         raise ConfigError(path, problems)
     return Config(**sections, source=path)
@@ -736,6 +765,28 @@ def _build_section(section: str, cls: type[Section], values: dict[str, Any],
             value = tuple(value)
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def port_range(text: str) -> tuple[int, int]:
+    """``"7400-7599"`` as (7400, 7599); ValueError names what is wrong."""
+    lo_text, sep, hi_text = text.partition("-")
+    if not sep or not lo_text.strip().isdigit() or not hi_text.strip().isdigit():
+        raise ValueError(f"{text!r} is not a port range like 7400-7599")
+    lo, hi = int(lo_text), int(hi_text)
+    if not 1 <= lo <= hi <= 65535:
+        raise ValueError(f"{text!r}: ports are 1-65535, the first not above the last")
+    return lo, hi
+
+
+def _check_pulse(pulse: PulseConfig, problems: list[str]) -> None:
+    try:
+        port_range(pulse.ports)
+    except ValueError as exc:
+        problems.append(f"[pulse] ports = {_show(pulse.ports)}: {exc}")
+    if pulse.lost_after < 3 * pulse.interval:
+        problems.append(f"[pulse] lost_after = {pulse.lost_after:g}: expected at least 3 x "
+                        f"interval ({3 * pulse.interval:g}): a node missing two beats is "
+                        "not lost")
 
 
 def _check_value(spec: Opt, value: Any) -> str | None:

@@ -86,6 +86,7 @@ class Spec:
     containment: str = field(default_factory=containment_mode)
     db_port: int = 16820
     dbd_port: int = 16819
+    pulse_ports: str = "7400-7599"  # [pulse] ports: the hubs of the sandbox's jobs
 
 
 class Cluster:
@@ -460,7 +461,7 @@ FirstJobId={self._first_job_id()}
 MinJobAge=3600
 KillWait=5
 InactiveLimit=0
-SlurmdTimeout=60
+SlurmdTimeout=300
 MessageTimeout=10
 GresTypes=gpu
 MpiDefault=none
@@ -502,6 +503,10 @@ settle_seconds = 2
 slurm_ask_every = 5
 hang_floor = 40
 hang_min = 40
+
+[pulse]
+address = "127.0.0.1"
+ports = "{spec.pulse_ports}"
 
 [metrics]
 textfile = "{b}/nodes/{{node}}/metrics/jobwrap.prom"

@@ -398,7 +398,7 @@ def settle(cluster: Cluster, timeout: float = 180) -> None:
 
 def quick_node_loss(cluster: Cluster) -> None:
     """A lost node noticed in seconds, not Slurm's default minutes (the same for both)."""
-    text = cluster.conf.read_text().replace("SlurmdTimeout=60", "SlurmdTimeout=10")
+    text = re.sub(r"SlurmdTimeout=\d+", "SlurmdTimeout=10", cluster.conf.read_text())
     cluster.conf.write_text(text)
     Runner(cluster.env()).run(["scontrol", "reconfigure"], timeout=30)
     time.sleep(2)

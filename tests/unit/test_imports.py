@@ -93,6 +93,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the features the hooks and commands call
     ("wrapper.restart", "wrapper.staging", "wrapper.archive",
      "wrapper.checkpoints", "wrapper.supervisor", "wrapper.gpu", "wrapper.watch",
+     "wrapper.pulse",
      "wrapper.goodput", "wrapper.metrics", "wrapper.notify", "wrapper.loginguard"),
     # the entry points
     ("wrapper.hooks", "wrapper.cli", "wrapper.doctor", "wrapper.entry",

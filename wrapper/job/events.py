@@ -388,6 +388,38 @@ class WatchFault(_Faults):
     reason: str = ""
 
 
+@kind("pulse.lost", writer="root")
+@dataclass(frozen=True)
+class PulseLost(Event):
+    """The hub (the first node's watcher) heard nothing from node ``lost`` for
+    ``silent_s`` seconds over an open connection: the node is lost (wrapper/pulse/)."""
+
+    lost: str = ""
+    silent_s: float = 0.0
+
+
+@kind("pulse.down", writer="root")
+@dataclass(frozen=True)
+class PulseDown(Event):
+    """``[pulse] fence_grace`` after a loss, the hub set node ``lost`` DOWN in Slurm with
+    ``reason`` (``error``: Slurm refused, or could not be asked)."""
+
+    lost: str = ""
+    reason: str = ""
+    error: str = ""
+
+
+@kind("pulse.fenced", writer="root")
+@dataclass(frozen=True)
+class PulseFenced(Event):
+    """This node's watcher heard no ack from the hub for ``silent_s`` seconds (or the hub
+    judged the node lost): it killed the job's ``killed`` processes on this node."""
+
+    silent_s: float = 0.0
+    why: str = ""
+    killed: int = 0
+
+
 @kind("watch.ended_job", writer="root")
 @dataclass(frozen=True)
 class WatchEndedJob(Event):

@@ -378,6 +378,13 @@ class CliBackend:
     def resume_node(self, node: str) -> None:
         self._scontrol("update", f"NodeName={_node(node)}", "State=RESUME")
 
+    def down_node(self, node: str, reason: str) -> str:
+        """Set a node DOWN: Slurm ends the jobs' work on it (or, under ``--no-kill``,
+        takes it out of their allocation) at once. Returns the reason set."""
+        text = drain_reason(reason)
+        self._scontrol("update", f"NodeName={_node(node)}", "State=DOWN", f"Reason={text}")
+        return text
+
     def requeue(self, job_id: str, *, hold: bool = False, eligible_now: bool = False) -> None:
         """Requeue a batch job; ``eligible_now`` skips Slurm's fixed requeue delay."""
         job = self._this_job(job_id)

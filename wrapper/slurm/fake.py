@@ -58,6 +58,11 @@ class FakeSlurm:
     def resume_node(self, node: str) -> None:
         self.calls.append(("resume_node", node))
 
+    def down_node(self, node: str, reason: str) -> str:
+        self.calls.append(("down_node", node, reason))
+        self.nodes.setdefault(node, {})["State"] = "DOWN"
+        return reason
+
     def requeue(self, job_id: str, *, hold: bool = False, eligible_now: bool = False) -> None:
         self.calls.append(("requeue", job_id))
         if self.refuse_requeue:

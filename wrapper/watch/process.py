@@ -8,6 +8,7 @@ the process is still the same watcher (start time and command line), never by na
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 MODULE = "wrapper.watch"  # in its command line: the epilog checks it before it stops it
 WATCH_ASK_EVERY = 600.0  # seconds between a watcher's asks to slurmctld (see run())
+PULSE_NICE = -10  # the pulse's thread, above the job's ranks (0) on a starved CPU
+PULSE_OOM_SCORE_ADJ = -1000
 
 
 def start(ctx: JobContext, cfg: Config, state: JobState,
@@ -46,7 +49,7 @@ def start(ctx: JobContext, cfg: Config, state: JobState,
 
     argv = [sys.executable, "-I", "-m", MODULE, ctx.job_id, "--node", ctx.node,
             "--attempt", str(ctx.attempt), "--gpus", ",".join(map(str, ctx.gpus)),
-            "--uid", str(ctx.uid), "--gid", str(ctx.gid)]
+            "--uid", str(ctx.uid), "--gid", str(ctx.gid), "--nodes", ",".join(ctx.nodes)]
     if spawn is not None:
         spawn(argv)
         return "spawned"
@@ -126,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", required=True)
     parser.add_argument("--uid", type=int, default=-1)
     parser.add_argument("--gid", type=int, default=-1)
+    parser.add_argument("--nodes", default="")  # the job's, its first node first
     args = parser.parse_args(argv)
     import time
 
@@ -185,8 +189,132 @@ def main(argv: Sequence[str] | None = None) -> int:
                       job_state=job_state, superseded=superseded, on_fault=on_fault,
                       forensics=forensics, keep=keep,
                       clock=time.monotonic)
-    watcher.run(sleep=done.wait, stopped=done.is_set)
+    pulse = _start_pulse(cfg, store, backend, args)
+    try:
+        watcher.run(sleep=done.wait, stopped=done.is_set)
+    finally:
+        if pulse is not None:
+            pulse.stop()
     return 0
+
+
+class _Pulse:
+    """The pulse's thread of this watcher (the hub on the job's first node, a beater on
+    every other) and how it is stopped."""
+
+    def __init__(self, thread: threading.Thread, stopping: threading.Event) -> None:
+        self.thread, self.stopping = thread, stopping
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=2.0)
+
+
+def _start_pulse(cfg: Config, store: JobStore, backend: SlurmBackend,
+                 args: argparse.Namespace) -> _Pulse | None:
+    """This node's part of the job's pulse (wrapper/pulse/); None for a one-node job, with
+    the pulse off, or when it cannot start (logged: the job runs on Slurm's clocks)."""
+    nodes = [n for n in args.nodes.split(",") if n]
+    if not cfg.pulse.enabled or len(nodes) < 2 or args.node not in nodes:
+        return None
+    import socket
+
+    from wrapper.pulse import Settings, munge
+    from wrapper.pulse.wire import port_range
+
+    settings = Settings(interval=cfg.pulse.interval, lost_after=cfg.pulse.lost_after,
+                        fence_grace=cfg.pulse.fence_grace, ports=port_range(cfg.pulse.ports))
+    first = nodes[0]
+    try:
+        host = socket.gethostbyname(cfg.pulse.address.replace("{node}", first))
+    except OSError as exc:
+        log.get().error("pulse.off", why=f"cannot resolve the hub's address: {exc}")
+        return None
+    _hold_on()
+    stopping = threading.Event()
+    if args.node == first:
+        from wrapper.pulse.hub import Hub
+
+        hub = Hub(job_id=args.job_id, attempt=args.attempt, node=args.node, nodes=nodes,
+                  settings=settings, signer=munge,
+                  on_lost=_loss_handler(cfg, store, backend, args))
+        if hub.bind(host) is None:
+            log.get().error("pulse.off", why=f"no port of [pulse] ports {cfg.pulse.ports} "
+                            "in the job's sequence is free")
+            return None
+        log.get().info("pulse.hub", port=hub.port)
+        target = hub.run
+    else:
+        from wrapper.pulse.beat import Beater
+
+        beater = Beater(job_id=args.job_id, attempt=args.attempt, node=args.node,
+                        hub_host=host, settings=settings, signer=munge,
+                        on_fence=_fencer(store, args))
+        target = beater.run
+
+    def run() -> None:
+        with contextlib.suppress(OSError):  # the beat before the job's work, on a busy CPU
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PULSE_NICE)
+        target(stopping.is_set)
+
+    thread = threading.Thread(target=run, name="pulse", daemon=True)
+    thread.start()
+    return _Pulse(thread, stopping)
+
+
+def _hold_on() -> None:
+    """The watcher is the node's pulse: the OOM killer takes the job's processes first."""
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(PULSE_OOM_SCORE_ADJ))
+
+
+def _loss_handler(cfg: Config, store: JobStore, backend: SlurmBackend,
+                  args: argparse.Namespace) -> Callable[[str, float], None]:
+    """The hub's action on a lost node: root's record at once; the node DOWN in Slurm once
+    its own fence has surely run (``[pulse] fence_grace``), where the site wants it."""
+    import time
+
+    from wrapper.slurm.commands import drain_reason
+
+    def on_lost(node: str, silent: float) -> None:
+        store.record(ev.PulseLost(attempt=args.attempt, node=args.node, lost=node,
+                                  silent_s=round(silent, 2)))
+        if cfg.pulse.action != "down":
+            return
+        time.sleep(cfg.pulse.fence_grace)
+        reason = drain_reason(f"jobwrap: lost: no heartbeat from its watcher for "
+                              f"{silent:.1f} s (job {args.job_id})")
+        error = ""
+        try:
+            backend.down_node(node, reason)
+        except JobwrapError as exc:
+            error = str(exc)[:300]
+            log.get().error("pulse.down_failed", lost_node=node, error=error)
+        store.record(ev.PulseDown(attempt=args.attempt, node=args.node, lost=node,
+                                  reason=reason, error=error))
+
+    return on_lost
+
+
+def _fencer(store: JobStore, args: argparse.Namespace) -> Callable[[float, str], None]:
+    """The fence: SIGKILL the job's processes on this node (the job user's, whose
+    environment names the job: wrapper.watch.forensics.job_processes), then root's
+    record. Slurm may be out of reach from here: nothing is asked of it."""
+
+    def fence(silent: float, why: str) -> None:
+        from wrapper.watch.forensics import job_processes
+
+        killed = 0
+        if args.uid > 0:
+            for proc in job_processes(args.job_id, args.uid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc["pid"], signal.SIGKILL)
+                    killed += 1
+        log.get().error("pulse.fenced", silent_s=round(silent, 2), why=why, killed=killed)
+        store.record(ev.PulseFenced(attempt=args.attempt, node=args.node,
+                                    silent_s=round(silent, 2), why=why, killed=killed))
+
+    return fence
 
 
 def _gpu_fault_reader(cfg: Config, node: str, gpus: list[int]) -> Callable[[], list[Fault]]:

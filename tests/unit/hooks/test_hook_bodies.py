@@ -80,11 +80,12 @@ def test_a_healthy_prolog_records_the_job_once_and_checks_through_the_probe_seam
     assert health.verdict == "pass" and health.phase == "prolog"
     assert store.script() == script("")  # kept: the epilog's archive asks Slurm no more
     assert [c for c in slurm.calls if c[0] in ("requeue", "drain")] == []
-    # only this node's root fault feed, for this job, its node and its GPUs
+    # only this node's root fault feed, for this job, its node and its GPUs; the job's
+    # nodes, the first first, for its pulse
     [watcher] = spawned
     assert list(watcher[watcher.index("wrapper.watch"):]) == [
         "wrapper.watch", JOB, "--node", "n1", "--attempt", "0", "--gpus", "0,1",
-        "--uid", str(os.getuid()), "--gid", str(os.getgid())]
+        "--uid", str(os.getuid()), "--gid", str(os.getgid()), "--nodes", "n1"]
     assert jobrecord.load(store.state).stdout == str(tmp_path / "out")
 
 

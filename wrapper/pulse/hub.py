@@ -1,0 +1,208 @@
+"""The hub: the job's first node's watcher hears every other node's watcher beat.
+
+A node is *lost* when its connection stays open but silent for ``lost_after`` seconds:
+frozen, powered off or cut off, its kernel sends nothing, not even the end of the
+connection. A connection that ends (the other watcher stopped or died, its node's kernel
+alive) is a departure, never a loss. The hub judges only nodes it heard once, and forgives
+its own stalls: when its loop itself was held up (a frozen watcher, a starved CPU), the
+time it lost is added to every node's silence budget instead of charged to the nodes.
+
+On a loss it tells the node ``FENCED`` should it ever speak again and calls ``on_lost``
+once (in a thread of its own: the watcher records root's ``pulse.lost``, waits out the
+node's lease and sets it DOWN in Slurm, see wrapper/watch/process.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Collection
+
+from wrapper import log
+from wrapper.pulse import Settings, Signer
+from wrapper.pulse.wire import LINE_MAX, candidates, hello_payload, read_hello
+
+TICK = 0.25  # seconds between two judgements
+HELLO_WAIT = 2.0  # seconds a new connection has to say who it is
+PENDING_MAX = 16  # connections that have not said who they are, at most (oldest dropped)
+
+
+class _Conn:
+    __slots__ = ("buf", "deadline", "node", "sock")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline, self.node, self.buf = sock, deadline, "", b""
+
+
+class Hub:
+    def __init__(self, *, job_id: str, attempt: int, node: str, nodes: Collection[str],
+                 settings: Settings, on_lost: Callable[[str, float], None],
+                 signer: Signer, uid: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.job_id, self.attempt, self.node = job_id, attempt, node
+        self.nodes = frozenset(nodes) - {node}
+        self.settings, self.on_lost, self.signer, self.uid = settings, on_lost, signer, uid
+        self.clock = clock
+        self.seen: dict[str, float] = {}  # node -> when it was last heard (clock)
+        self.lost: set[str] = set()
+        self.by_node: dict[str, _Conn] = {}
+        self.pending: list[_Conn] = []
+        self.sel = selectors.DefaultSelector()
+        self.listener: socket.socket | None = None
+        self.port = 0
+        self._last_tick = clock()
+
+    def bind(self, host: str) -> int | None:
+        """Listen on the first free port of the job's sequence; None when all are taken."""
+        for port in candidates(self.job_id, self.attempt, self.settings.ports):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+                sock.listen(128)
+            except OSError:
+                sock.close()
+                continue
+            sock.setblocking(False)
+            self.listener, self.port = sock, port
+            self.sel.register(sock, selectors.EVENT_READ, None)
+            return port
+        return None
+
+    def run(self, stopped: Callable[[], bool]) -> None:
+        try:
+            while not stopped():
+                self.step(TICK)
+        finally:
+            self.close()
+
+    def step(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout):
+            if key.data is None:
+                self._accept()
+            else:
+                self._read(key.data)
+        self.judge()
+
+    def judge(self) -> None:
+        now = self.clock()
+        stalled = now - self._last_tick - TICK
+        self._last_tick = now
+        if stalled > self.settings.interval:  # the hub was held up, not the nodes
+            for node in self.seen:
+                self.seen[node] += stalled
+        for conn in [c for c in self.pending if now > c.deadline]:
+            self._drop(conn)
+        for node, heard in list(self.seen.items()):
+            silent = now - heard
+            if node not in self.lost and silent > self.settings.lost_after:
+                self.lost.add(node)
+                held = self.by_node.get(node)
+                if held is not None:  # should it ever read again
+                    self._send(held, b"FENCED\n")
+                    self._drop(held)
+                self.seen.pop(node, None)
+                log.get().error("pulse.lost", lost_node=node, silent_s=round(silent, 2))
+                threading.Thread(target=self.on_lost, args=(node, silent), daemon=True,
+                                 name=f"pulse-lost-{node}").start()
+
+    def close(self) -> None:
+        """Stop: every node hears ``END`` (the attempt is over, fence nothing)."""
+        for conn in list(self.by_node.values()):
+            self._send(conn, b"END\n")
+            self._drop(conn)
+        for conn in list(self.pending):
+            self._drop(conn)
+        if self.listener is not None:
+            self.sel.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+        self.sel.close()
+
+    def _accept(self) -> None:
+        if self.listener is None:
+            return
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock, self.clock() + HELLO_WAIT)
+        if len(self.pending) >= PENDING_MAX:  # a flood of strangers: the oldest goes
+            self._drop(self.pending[0])
+        self.pending.append(conn)
+        self.sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the other side ended it: its kernel is alive, a departure
+            if conn.node:
+                log.get().info("pulse.left", left_node=conn.node)
+            self._drop(conn)
+            return
+        conn.buf += data
+        while b"\n" in conn.buf:
+            line, conn.buf = conn.buf.split(b"\n", 1)
+            if not self._line(conn, line):
+                self._drop(conn)
+                return
+        if len(conn.buf) > LINE_MAX:
+            self._drop(conn)
+
+    def _line(self, conn: _Conn, line: bytes) -> bool:
+        if not conn.node:
+            return self._hello(conn, line)
+        if line.startswith(b"B "):
+            self.seen[conn.node] = self.clock()
+            self._send(conn, b"A " + line[2:22] + b"\n")
+            return True
+        if line == b"FENCING":  # it lost the hub (this one was held up): a departure
+            log.get().warning("pulse.fenced_itself", fenced_node=conn.node)
+        return False  # nothing else is said after the hello
+
+    def _hello(self, conn: _Conn, line: bytes) -> bool:
+        said = read_hello(line, self.signer, role="beat", job_id=self.job_id,
+                          attempt=self.attempt, uid=self.uid)
+        if said is None or said["node"] not in self.nodes:
+            return False
+        node = said["node"]
+        if conn in self.pending:
+            self.pending.remove(conn)
+        if node in self.lost:  # judged lost: it must have fenced itself; say so
+            self._send(conn, b"FENCED\n")
+            return False
+        old = self.by_node.get(node)
+        if old is not None:
+            self._drop(old)
+        conn.node = node
+        self.by_node[node] = conn
+        self.seen[node] = self.clock()
+        reply = self.signer.encode(hello_payload("hub", self.job_id, self.attempt, self.node))
+        self._send(conn, b"HELLO " + reply + b"\n")
+        log.get().info("pulse.joined", joined_node=node)
+        return True
+
+    def _send(self, conn: _Conn, data: bytes) -> None:
+        # a full buffer (a frozen reader) or a gone peer: the silence judges it
+        with contextlib.suppress(OSError):
+            conn.sock.send(data)
+
+    def _drop(self, conn: _Conn) -> None:
+        """Close ``conn``; a node whose connection it was is no longer judged."""
+        if conn in self.pending:
+            self.pending.remove(conn)
+        if conn.node and self.by_node.get(conn.node) is conn:
+            del self.by_node[conn.node]
+            self.seen.pop(conn.node, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn.sock)
+        conn.sock.close()
