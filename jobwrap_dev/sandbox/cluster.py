@@ -118,6 +118,15 @@ class Cluster:
         """``node``'s own ``[paths] state_dir``."""
         return self.node_dir(node) / "state"
 
+    def watcher_pid(self, job_id: str, node: str) -> int | None:
+        """The pid of jobwrap's root watcher of ``job_id`` on ``node`` (its own record in
+        the node's state folder), None while there is none."""
+        from wrapper.job.state import JobState
+        from wrapper.watch.files import pid_file
+
+        record = JobState(self.state_of(node), job_id).read_json(pid_file(node))
+        return int(record["pid"]) if record and "pid" in record else None
+
     def scratch_of(self, node: str) -> Path:
         return self.node_dir(node) / "scratch"
 

@@ -109,11 +109,9 @@ def _node_processes(cluster: Cluster, node: str, job_id: str) -> list[psutil.Pro
              if (p.info["environ"] or {}).get("SLURM_JOB_ID") == job_id
              and (p.info["environ"] or {}).get("SLURMD_NODENAME") == node]
     steps = {q.pid: q for p in tasks for q in p.parents() if q.name() == "slurmstepd"}
-    from wrapper.job.state import JobState
-    from wrapper.watch.files import pid_file
-
-    watch = JobState(cluster.state_of(node), job_id).read_json(pid_file(node))
-    return [psutil.Process(int(watch["pid"])), *steps.values(), *tasks]
+    watcher = cluster.watcher_pid(job_id, node)
+    assert watcher is not None, f"no watcher of {job_id} on {node}"
+    return [psutil.Process(watcher), *steps.values(), *tasks]
 
 
 def test_a_node_lost_whole_is_replaced_by_the_spare_in_seconds_at_the_sites_timeout(

@@ -15,6 +15,7 @@ node's lease and sets it DOWN in Slurm, see wrapper/watch/process.py).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import selectors
 import socket
 import threading
@@ -106,7 +107,8 @@ class Hub:
                     self._drop(held)
                 self.seen.pop(node, None)
                 log.get().error("pulse.lost", lost_node=node, silent_s=round(silent, 2))
-                threading.Thread(target=self.on_lost, args=(node, silent), daemon=True,
+                threading.Thread(target=contextvars.copy_context().run,  # the log's context
+                                 args=(self.on_lost, node, silent), daemon=True,
                                  name=f"pulse-lost-{node}").start()
 
     def close(self) -> None:

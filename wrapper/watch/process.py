@@ -257,7 +257,10 @@ def _start_pulse(cfg: Config, store: JobStore, backend: SlurmBackend,
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PULSE_NICE)
         target(stopping.is_set)
 
-    thread = threading.Thread(target=run, name="pulse", daemon=True)
+    import contextvars
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(run,),
+                              name="pulse", daemon=True)  # its log lines name the job
     thread.start()
     return _Pulse(thread, stopping)
 

@@ -1,0 +1,128 @@
+"""The pulse on the sandbox (wrapper/pulse/): what is not a lost node, and the fence.
+
+Slurm runs SlurmdTimeout=300 here as at sites; the pulse runs its defaults (a beat each
+0.5 s, lost after 4.5 s of silence). A node whose watcher freezes 3 s, or whose job
+starves its CPUs, keeps its place; a node cut off from the hub stops the job's work on
+itself, and nothing of the job writes there after that fence. The lost node itself (the
+spare takes over in seconds) is tests/e2e/test_spares.py's."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import time
+
+import psutil
+
+from jobwrap_dev.sandbox.cluster import Cluster
+from wrapper.runner import Runner
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT"}
+
+# Each rank writes the time every 50 ms to ticks-<job>-<rank>; the rank on the second node
+# starts HOGS busy processes (the job's own) from HOG_AT to HOG_AT + HOG_FOR seconds.
+RANK = r"""
+import os, subprocess, sys, time
+end = time.time() + float(sys.argv[1])
+rank = os.environ["SLURM_PROCID"]
+hogs = []
+with open(f"ticks-{os.environ['SLURM_JOB_ID']}-{rank}", "a") as ticks:
+    start = time.time()
+    while time.time() < end:
+        ticks.write(f"{time.time():.3f}\n")
+        ticks.flush()
+        if int(time.time() * 20) % 20 == 0:  # the job's output grows: no hang
+            print(f"rank {rank} at {time.time():.0f}", flush=True)
+        if rank == "1" and sys.argv[2] != "0" and not hogs and time.time() - start > 8:
+            hogs = [subprocess.Popen([sys.executable, "-c",
+                                      "import time\nend = time.time() + 12\n"
+                                      "while time.time() < end: pass"])
+                    for _ in range(int(sys.argv[2]))]
+        time.sleep(0.05)
+for h in hogs:
+    h.wait()
+print(f"rank {rank} done", flush=True)
+"""
+
+
+def _script(name: str, seconds: int, hogs: int) -> str:
+    return f"""#!/bin/bash
+#SBATCH --output={name}-%j.out -N2 --ntasks-per-node=1
+#JOBWRAP --max-restarts=0
+srun python3 pulse_rank.py {seconds} {hogs}
+"""
+
+
+def _pulse_events(cluster: Cluster, job_id: str) -> list[dict[str, object]]:
+    return [e for e in cluster.events(job_id, root_only=True)
+            if str(e["event"]).startswith("pulse.")]
+
+
+def _joined(cluster: Cluster, job_id: str, node: str, timeout: float = 60) -> None:
+    """The hub (on n1) heard ``node`` once: the pulse runs for this job."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        log = cluster.log_of("n1")
+        text = log.read_text(errors="replace") if log.exists() else ""
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if (record.get("event"), record.get("joined_node"),
+                        record.get("job_id")) == ("pulse.joined", node, job_id):
+                    return
+        time.sleep(0.2)
+    raise AssertionError(f"{node} never joined {job_id}'s pulse: {text[-3000:]}")
+
+
+def test_a_frozen_watcher_and_a_starved_node_keep_their_place(cluster: Cluster) -> None:
+    cluster.write_user_file("pulse_rank.py", RANK)
+    job_id = cluster.submit(_script("slow", 30, 8), name="slow.sh")
+    _joined(cluster, job_id, "n2")
+    watcher = cluster.watcher_pid(job_id, "n2")
+    assert watcher is not None
+    proc = psutil.Process(watcher)
+    proc.send_signal(signal.SIGSTOP)  # the watcher frozen 3 s (a stall, a debugger)
+    time.sleep(3)
+    proc.send_signal(signal.SIGCONT)
+    info = cluster.wait_job(job_id, states=TERMINAL, timeout=120)
+    out = (cluster.work / f"slow-{job_id}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out
+    assert "rank 0 done" in out and "rank 1 done" in out, out
+    assert _pulse_events(cluster, job_id) == []  # nothing lost, nothing fenced
+    assert not cluster.node_states().get("n2", "").startswith("down")
+
+
+def test_a_node_cut_off_from_the_hub_fences_itself_and_nothing_writes_after(
+        cluster: Cluster) -> None:
+    """The hub's node stops answering for 20 s (its watcher frozen: to n2 that is the
+    same silence as a cut cable). n2 hears no ack and kills the job's processes on
+    itself; its rank's last write is before the fence. The hub, back, blames no node."""
+    cluster.write_user_file("pulse_rank.py", RANK)
+    job_id = cluster.submit(_script("fence", 90, 0), name="fence.sh")
+    _joined(cluster, job_id, "n2")
+    hub = cluster.watcher_pid(job_id, "n1")
+    assert hub is not None
+    proc = psutil.Process(hub)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        fenced: list[dict[str, object]] = []
+        while time.monotonic() < deadline and not fenced:
+            fenced = [e for e in _pulse_events(cluster, job_id) if e["event"] == "pulse.fenced"]
+            time.sleep(0.2)
+        assert [e["node"] for e in fenced] == ["n2"], _pulse_events(cluster, job_id)
+        assert int(str(fenced[0]["killed"])) >= 1 and "no ack" in str(fenced[0]["why"])
+        time.sleep(20 - 5)  # the rest of the 20 s: nothing of the job runs on n2
+        ticks = (cluster.work / f"ticks-{job_id}-1").read_text().split()
+        assert float(ticks[-1]) < float(str(fenced[0]["ts"])), (ticks[-3:], fenced)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    info = cluster.wait_job(job_id, states=TERMINAL, timeout=120)
+    assert info["JobState"] != "COMPLETED"
+    time.sleep(3)
+    assert [e["event"] for e in _pulse_events(cluster, job_id)] == ["pulse.fenced"]
+    assert not cluster.node_states().get("n2", "").startswith("down")
+    with contextlib.suppress(Exception):
+        Runner(cluster.env()).run(["scancel", job_id], timeout=20, check=False)
