@@ -11,6 +11,7 @@ from tests.bench import (
     goodput,
     guard,
     job_start,
+    node_loss,
     prolog_overhead,
     restart,
     staging,
@@ -37,6 +38,7 @@ BENCHMARKS = {
     "hang-detect": faults.hang_detect_main,
     "watch-cpu": faults.watch_cpu_main,
     "archive-scale": archive_scale.main,
+    "node-loss": node_loss.main,
 }
 
 
