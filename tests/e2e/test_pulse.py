@@ -126,3 +126,68 @@ def test_a_node_cut_off_from_the_hub_fences_itself_and_nothing_writes_after(
     assert not cluster.node_states().get("n2", "").startswith("down")
     with contextlib.suppress(Exception):
         Runner(cluster.env()).run(["scancel", job_id], timeout=20, check=False)
+
+
+LOSS = """#!/bin/bash
+#SBATCH --output=loss-%j.out --open-mode=append -N2 --ntasks-per-node=1
+#JOBWRAP --max-restarts=1
+if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then
+  echo "attempt $SLURM_RESTART_COUNT on $SLURM_JOB_NODELIST"; exit 0
+fi
+srun bash -c 'for i in $(seq 120); do echo "rank $SLURM_PROCID $i"; sleep 1; done'
+"""
+
+
+def test_a_node_lost_whole_without_a_spare_requeues_the_job_away_from_it_in_seconds(
+        cluster: Cluster) -> None:
+    """No spare: n2 lost whole (slurmd, steps, ranks, watcher frozen) at Slurm's
+    SlurmdTimeout=300. The pulse sets it DOWN in seconds; Slurm ends the attempt and the
+    job runs again on other nodes, long before Slurm would have noticed by itself."""
+    import os
+
+    slurmd = next(d for d in cluster.daemons if d.name == "slurmd-n2")
+    job_id = cluster.submit(LOSS, name="loss.sh")
+    out = cluster.work / f"loss-{job_id}.out"
+    _joined(cluster, job_id, "n2")
+    frozen: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while "rank 1 3" not in (out.read_text() if out.exists() else ""):
+            assert time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.2)
+        watcher = cluster.watcher_pid(job_id, "n2")
+        assert watcher is not None
+        tasks = [p for p in psutil.process_iter(["environ"])
+                 if (p.info["environ"] or {}).get("SLURM_JOB_ID") == job_id
+                 and (p.info["environ"] or {}).get("SLURMD_NODENAME") == "n2"]
+        steps = {q.pid: q for p in tasks for q in p.parents() if q.name() == "slurmstepd"}
+        frozen = [psutil.Process(watcher), *steps.values(), *tasks]
+        lost_at = time.time()
+        os.kill(slurmd.pid, signal.SIGSTOP)
+        for proc in frozen:
+            proc.send_signal(signal.SIGSTOP)
+        info = cluster.wait_job(job_id, states={"COMPLETED", "FAILED", "CANCELLED"},
+                                timeout=150)
+        output = out.read_text()
+        assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, output)
+        assert "attempt 1 on n[1,3]" in output or "attempt 1 on n1,n3" in output, output
+        events = _pulse_events(cluster, job_id)
+        lost = [e for e in events if e["event"] == "pulse.lost"]
+        assert [e["lost"] for e in lost] == ["n2"], events
+        assert float(str(lost[0]["ts"])) - lost_at < 10, "seconds, not SlurmdTimeout's 300"
+        ends = [(e["attempt"], e["kind"]) for e in cluster.events(job_id)
+                if e["event"] == "attempt.end" and e["source"] == "root"]
+        assert ends[0] == (0, "node_failure"), ends
+    finally:
+        for proc in frozen:  # the node "reboots": its processes are gone
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        os.kill(slurmd.pid, signal.SIGKILL)
+        cluster.daemons.remove(slurmd)
+        cluster.start_daemon("slurmd-n2")
+        Runner(cluster.env()).run(["scontrol", "update", "NodeName=n2", "State=RESUME"],
+                                  timeout=20, check=False)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not cluster.node_states().get(
+                "n2", "").startswith("idle"):
+            time.sleep(1)
