@@ -119,14 +119,28 @@ def release(job_id: str, exclude: tuple[str, ...], running_grace: float) -> None
     sys.exit(0 if do_release(job_id, cfg, list(exclude), running_grace=running_grace) else 1)
 
 
-@cli.command("run", context_settings={"allow_interspersed_args": False,
-                                     "ignore_unknown_options": True})
+class _RunCommand(click.Command):
+    """``jobwrap run``: its options are the directives', listed from their one table."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from wrapper.submit.directives import OPTIONS
+
+        rows = [(o.name + ("" if o.kind == "flag" else f"={o.kind.upper()}"), o.help)
+                for o in OPTIONS]
+        with formatter.section("Options (the #JOBWRAP directives'; given here, they win)"):
+            formatter.write_dl([*rows, ("-h, --help", "Show this message and exit.")])
+
+
+@cli.command("run", cls=_RunCommand, context_settings={"allow_interspersed_args": False,
+                                                      "ignore_unknown_options": True})
 @click.argument("words", nargs=-1, required=True, metavar="-- CMD [ARGS]...")
 def run_command(words: tuple[str, ...]) -> None:
     """Run CMD, restarting it in place from its latest valid checkpoint when it fails.
 
-    OPTIONS are the #JOBWRAP directives' (--checkpoint-dir, --max-restarts,
-    --hang-timeout, --checkpoint-glob, --checkpoint-marker, --no-requeue).
+    Each option below may also come from the job's #JOBWRAP lines and the site's
+    defaults; a relative --checkpoint-dir is the job's work dir's. A node root found
+    faulty ends the command for a requeue away from it, or, with --spare-nodes, moves
+    the work onto a spare inside the allocation.
     """
     from wrapper import config, log
     from wrapper.restart.runloop import run

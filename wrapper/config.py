@@ -110,7 +110,8 @@ class LogConfig(Section):
                      "only. Hooks that run as the job user log to stderr.")
     level: str = _opt("info", "Least severe level written.",
                       choices=("debug", "info", "warning", "error"))
-    stderr_format: str = _opt("auto", "stderr form: console (coloured, for terminals), "
+    stderr_format: str = _opt("auto", "stderr form: console (aligned, for terminals; no "
+                              "colour codes, which would end up in job output files), "
                               "logfmt (one key=value line, for journald/syslog), json; "
                               "auto picks console on a terminal, else logfmt.",
                               choices=("auto", "console", "logfmt", "json"))
@@ -272,8 +273,11 @@ class SupervisorConfig(Section):
     enabled: bool = _opt(True, "Start a supervisor for each job on its first node.")
     interval: float = _opt(2.0, "Seconds between two looks at the job (checkpoints, output).",
                            positive=True)
-    slurm_interval: float = _opt(10.0, "Seconds between two asks to Slurm whether the job "
-                                 "still runs.", positive=True)
+    slurm_interval: float = _opt(10.0, "Seconds between two looks at whether the job still "
+                                 "runs (the supervisor's and the node watchers'): a look "
+                                 "reads the node's own epilog record; slurmctld itself is "
+                                 "asked at most every slurm_ask_every (a watcher: every "
+                                 "10 min).", positive=True)
     slurm_ask_every: float = _opt(60.0, "Fewest seconds between two asks to slurmctld itself "
                                   "(the job's state and time limit); the looks between read "
                                   "only the node's own epilog record. At most one call a "
