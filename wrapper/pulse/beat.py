@@ -24,9 +24,11 @@ import time
 from collections.abc import Callable
 
 from wrapper.pulse import Settings, Signer
-from wrapper.pulse.wire import LINE_MAX, candidates, hello_payload, read_hello
+from wrapper.pulse.wire import LINE_MAX, candidates, hello_payload, nonce, read_hello
 
-CONNECT_WAIT = 1.0  # seconds for one connect and hello exchange
+CONNECT_WAIT = 1.0  # seconds for one connect
+HUB_WAIT = 3.0  # seconds for the hub's answer to a hello (munged may be busy there; a
+# squatter on a port of the sequence delays a join by this, no more, per port)
 
 
 class Beater:
@@ -77,35 +79,35 @@ class Beater:
         self.on_fence(silent, why)
 
     def _connect(self) -> bool:
+        """Join the hub: the first port of the sequence whose hello is root's, for this job,
+        attempt and port, in answer to this hello. Nothing a port says before that hello
+        counts (a ``FENCED`` from a squatter is no one's word)."""
+        from wrapper.pulse.munge import MungeError
+
         host = self.hub_host
         for port in candidates(self.job_id, self.attempt, self.settings.ports):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.settimeout(CONNECT_WAIT)
+            mine = nonce()
             try:
                 sock.connect((host, port))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                mine = self.signer.encode(hello_payload("beat", self.job_id, self.attempt,
-                                                        self.node))
-                sock.sendall(b"HELLO " + mine + b"\n")
-                line = _read_line(sock, self.clock() + CONNECT_WAIT, self.clock)
-            except OSError:
+                hello = self.signer.encode(hello_payload(
+                    "beat", self.job_id, self.attempt, self.node, port=port, nonce=mine))
+                sock.sendall(b"HELLO " + hello + b"\n")
+                line, rest = _read_line(sock, self.clock() + HUB_WAIT, self.clock)
+            except (OSError, MungeError):
                 sock.close()
                 continue
-            if line == b"FENCED":
-                sock.close()
-                self._fence(0.0, "the hub judged this node lost")
-                return False
-            if line is None or not self._hub_says_so(line):
+            if line is None or read_hello(line, self.signer, role="hub", job_id=self.job_id,
+                                          attempt=self.attempt, uid=self.uid, port=port,
+                                          echo=mine) is None:
                 sock.close()
                 continue
             sock.setblocking(False)
-            self.sock, self.last_ack, self._buf = sock, self.clock(), b""
+            self.sock, self.last_ack, self._buf = sock, self.clock(), rest
             return True
         return False
-
-    def _hub_says_so(self, line: bytes) -> bool:
-        return read_hello(line, self.signer, role="hub", job_id=self.job_id,
-                          attempt=self.attempt, uid=self.uid) is not None
 
     def _beat(self) -> None:
         if self.sock is None:
@@ -120,6 +122,7 @@ class Beater:
 
     def _listen(self, seconds: float) -> None:
         end = self.clock() + seconds
+        self._lines(b"")  # what came with the hub's hello (its FENCED)
         while self.sock is not None and not self.done:
             left = end - self.clock()
             self._check_lease()
@@ -142,17 +145,21 @@ class Beater:
             if not data:
                 self._left()
                 return
-            self._buf += data
-            while b"\n" in self._buf and not self.done:
-                line, self._buf = self._buf.split(b"\n", 1)
-                if line.startswith(b"A "):
-                    self.last_ack = self.clock()
-                elif line == b"FENCED":
-                    self._fence(0.0, "the hub judged this node lost")
-                elif line == b"END":
-                    self.done, self.why = True, "end"
-            if len(self._buf) > LINE_MAX:
-                self._left()
+            self._lines(data)
+
+    def _lines(self, data: bytes) -> None:
+        """What the hub said, once it proved itself on this connection."""
+        self._buf += data
+        while b"\n" in self._buf and not self.done:
+            line, self._buf = self._buf.split(b"\n", 1)
+            if line.startswith(b"A "):
+                self.last_ack = self.clock()
+            elif line == b"FENCED":
+                self._fence(0.0, "the hub judged this node lost")
+            elif line == b"END":
+                self.done, self.why = True, "end"
+        if len(self._buf) > LINE_MAX:
+            self._left()
 
     def _left(self) -> None:
         """The hub's side closed: no partition (its kernel answered), no lease."""
@@ -167,15 +174,17 @@ class Beater:
 
 
 def _read_line(sock: socket.socket, deadline: float,
-               clock: Callable[[], float]) -> bytes | None:
+               clock: Callable[[], float]) -> tuple[bytes | None, bytes]:
+    """The first line and what came after it (the hub's ``FENCED`` may follow its hello)."""
     buf = b""
     while b"\n" not in buf:
         left = deadline - clock()
         if left <= 0 or len(buf) > LINE_MAX:
-            return None
+            return None, b""
         sock.settimeout(left)
         chunk = sock.recv(LINE_MAX)
         if not chunk:
-            return None
+            return None, b""
         buf += chunk
-    return buf.split(b"\n", 1)[0]
+    line, rest = buf.split(b"\n", 1)
+    return line, rest

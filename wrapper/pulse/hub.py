@@ -7,6 +7,11 @@ alive) is a departure, never a loss. The hub judges only nodes it heard once, an
 its own stalls: when its loop itself was held up (a frozen watcher, a starved CPU), the
 time it lost is added to every node's silence budget instead of charged to the nodes.
 
+Nothing slow runs in the loop that reads beats and sends acks: each hello's credential
+is checked by munged (which another user can keep busy) and every log line is written
+(to a disk that can stall) by a worker thread of the hub's own; a slow munged only
+delays a join, never an ack.
+
 On a loss it tells the node ``FENCED`` should it ever speak again and calls ``on_lost``
 once (in a thread of its own: the watcher records root's ``pulse.lost``, waits out the
 node's lease and sets it DOWN in Slurm, see wrapper/watch/process.py).
@@ -16,26 +21,32 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import queue
 import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable, Collection
+from typing import Any
 
 from wrapper import log
 from wrapper.pulse import Settings, Signer
-from wrapper.pulse.wire import LINE_MAX, candidates, hello_payload, read_hello
+from wrapper.pulse.wire import LINE_MAX, candidates, hello_payload, nonce, read_hello
 
 TICK = 0.25  # seconds between two judgements
 HELLO_WAIT = 2.0  # seconds a new connection has to say who it is
 PENDING_MAX = 16  # connections that have not said who they are, at most (oldest dropped)
 
 
+VERIFY_WAIT = 30.0  # seconds a hello may wait for munged's verdict (a busy munged)
+
+
 class _Conn:
-    __slots__ = ("buf", "deadline", "node", "sock")
+    __slots__ = ("buf", "deadline", "node", "sock", "verifying")
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock, self.deadline, self.node, self.buf = sock, deadline, "", b""
+        self.verifying = False
 
 
 class Hub:
@@ -55,6 +66,11 @@ class Hub:
         self.listener: socket.socket | None = None
         self.port = 0
         self._last_tick = clock()
+        # the worker's work (hellos to check, log lines) and its verdicts on hellos
+        self._work: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._verdicts: queue.SimpleQueue[tuple[_Conn, str | None, bytes]] = \
+            queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
 
     def bind(self, host: str) -> int | None:
         """Listen on the first free port of the job's sequence; None when all are taken."""
@@ -74,11 +90,16 @@ class Hub:
         return None
 
     def run(self, stopped: Callable[[], bool]) -> None:
+        self._worker = threading.Thread(target=contextvars.copy_context().run,
+                                        args=(self._work_loop,), daemon=True,
+                                        name="pulse-hub-worker")
+        self._worker.start()
         try:
             while not stopped():
                 self.step(TICK)
         finally:
             self.close()
+            self._work.put(None)
 
     def step(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout):
@@ -86,7 +107,72 @@ class Hub:
                 self._accept()
             else:
                 self._read(key.data)
+        self._take_verdicts()
         self.judge()
+
+    def note(self, level: str, event: str, **fields: Any) -> None:
+        """A log line, written by the worker: the loop never waits on a disk."""
+        self._work.put(("log", (level, event, fields)))
+
+    def _work_loop(self) -> None:
+        while (item := self._work.get()) is not None:
+            what, value = item
+            try:
+                if what == "log":
+                    level, event, fields = value
+                    getattr(log.get(), level)(event, **fields)
+                else:
+                    conn, line = value
+                    self._verdicts.put((conn, *self._verify(line)))
+            except Exception as exc:  # the worker outlives any one item
+                if what != "log":
+                    self._verdicts.put((value[0], None, b""))
+                with contextlib.suppress(Exception):
+                    log.get().error("pulse.worker_error", error=str(exc)[:300])
+
+    def _verify(self, line: bytes) -> tuple[str | None, bytes]:
+        """(node, the hub's hello to it) for a root hello of one of the job's nodes on
+        this port; (None, b"") for anything else."""
+        from wrapper.pulse.munge import MungeError
+
+        said = read_hello(line, self.signer, role="beat", job_id=self.job_id,
+                          attempt=self.attempt, uid=self.uid, port=self.port)
+        if said is None or said["node"] not in self.nodes:
+            return None, b""
+        try:
+            reply = self.signer.encode(hello_payload(
+                "hub", self.job_id, self.attempt, self.node, port=self.port, nonce=nonce(),
+                echo=said["nonce"]))
+        except MungeError as exc:
+            log.get().error("pulse.munge_failed", error=str(exc)[:300])
+            return None, b""
+        return said["node"], b"HELLO " + reply + b"\n"
+
+    def _take_verdicts(self) -> None:
+        while True:
+            try:
+                conn, node, reply = self._verdicts.get_nowait()
+            except queue.Empty:
+                return
+            if conn not in self.pending:
+                continue  # dropped meanwhile (its time ran out, or the hub closes)
+            self.pending.remove(conn)
+            conn.verifying = False
+            if node is None:
+                self._drop(conn)
+                continue
+            self._send(conn, reply)
+            if node in self.lost:  # judged lost: it must have fenced itself; say so
+                self._send(conn, b"FENCED\n")
+                self._drop(conn)
+                continue
+            old = self.by_node.get(node)
+            if old is not None:
+                self._drop(old)
+            conn.node = node
+            self.by_node[node] = conn
+            self.seen[node] = self.clock()
+            self.note("info", "pulse.joined", joined_node=node)
 
     def judge(self) -> None:
         now = self.clock()
@@ -106,7 +192,7 @@ class Hub:
                     self._send(held, b"FENCED\n")
                     self._drop(held)
                 self.seen.pop(node, None)
-                log.get().error("pulse.lost", lost_node=node, silent_s=round(silent, 2))
+                self.note("error", "pulse.lost", lost_node=node, silent_s=round(silent, 2))
                 threading.Thread(target=contextvars.copy_context().run,  # the log's context
                                  args=(self.on_lost, node, silent), daemon=True,
                                  name=f"pulse-lost-{node}").start()
@@ -148,11 +234,14 @@ class Hub:
             data = b""
         if not data:  # the other side ended it: its kernel is alive, a departure
             if conn.node:
-                log.get().info("pulse.left", left_node=conn.node)
+                self.note("info", "pulse.left", left_node=conn.node)
+            self._drop(conn)
+            return
+        if conn.verifying:  # nothing is said before the hub's answer
             self._drop(conn)
             return
         conn.buf += data
-        while b"\n" in conn.buf:
+        while b"\n" in conn.buf and not conn.verifying:
             line, conn.buf = conn.buf.split(b"\n", 1)
             if not self._line(conn, line):
                 self._drop(conn)
@@ -161,37 +250,20 @@ class Hub:
             self._drop(conn)
 
     def _line(self, conn: _Conn, line: bytes) -> bool:
-        if not conn.node:
-            return self._hello(conn, line)
+        if not conn.node:  # its hello: munged's verdict comes back through the worker
+            if not line.startswith(b"HELLO MUNGE:") or len(line) > LINE_MAX or conn.buf:
+                return False
+            conn.verifying = True
+            conn.deadline = self.clock() + VERIFY_WAIT
+            self._work.put(("hello", (conn, line)))
+            return True
         if line.startswith(b"B "):
             self.seen[conn.node] = self.clock()
             self._send(conn, b"A " + line[2:22] + b"\n")
             return True
         if line == b"FENCING":  # it lost the hub (this one was held up): a departure
-            log.get().warning("pulse.fenced_itself", fenced_node=conn.node)
+            self.note("warning", "pulse.fenced_itself", fenced_node=conn.node)
         return False  # nothing else is said after the hello
-
-    def _hello(self, conn: _Conn, line: bytes) -> bool:
-        said = read_hello(line, self.signer, role="beat", job_id=self.job_id,
-                          attempt=self.attempt, uid=self.uid)
-        if said is None or said["node"] not in self.nodes:
-            return False
-        node = said["node"]
-        if conn in self.pending:
-            self.pending.remove(conn)
-        if node in self.lost:  # judged lost: it must have fenced itself; say so
-            self._send(conn, b"FENCED\n")
-            return False
-        old = self.by_node.get(node)
-        if old is not None:
-            self._drop(old)
-        conn.node = node
-        self.by_node[node] = conn
-        self.seen[node] = self.clock()
-        reply = self.signer.encode(hello_payload("hub", self.job_id, self.attempt, self.node))
-        self._send(conn, b"HELLO " + reply + b"\n")
-        log.get().info("pulse.joined", joined_node=node)
-        return True
 
     def _send(self, conn: _Conn, data: bytes) -> None:
         # a full buffer (a frozen reader) or a gone peer: the silence judges it

@@ -44,18 +44,32 @@ def candidates(job_id: str, attempt: int, ports: tuple[int, int],
     return [lo + (start + i) % span for i in range(min(count, span))]
 
 
-def hello_payload(role: str, job_id: str, attempt: int, node: str) -> bytes:
+def hello_payload(role: str, job_id: str, attempt: int, node: str, *, port: int,
+                  nonce: str, echo: str = "") -> bytes:
+    """What a hello's credential carries. ``port``: the hub's port this connection is on
+    (the beater's dial, the hub's own), so that a hello cannot be relayed to another port
+    by whoever holds one of the job's sequence first; ``nonce``: fresh per hello;
+    ``echo``: the hub's answer repeats the beater's nonce, so its hello is this
+    connection's and no other."""
     return json.dumps({"v": V, "role": role, "job": job_id, "attempt": attempt,
-                       "node": node}, separators=(",", ":")).encode()
+                       "node": node, "port": port, "nonce": nonce, "echo": echo},
+                      separators=(",", ":")).encode()
+
+
+def nonce() -> str:
+    import secrets
+
+    return secrets.token_hex(8)
 
 
 def read_hello(line: bytes, signer: Signer, *, role: str, job_id: str, attempt: int,
-               uid: int) -> dict[str, Any] | None:
+               uid: int, port: int, echo: str | None = None) -> dict[str, Any] | None:
     """The fields of a ``HELLO`` line when munged says root (``uid``) signed it for this
-    job and attempt in ``role``; else None (anything else, forged, replayed, expired)."""
+    job, attempt and hub port in ``role`` (and, with ``echo``, in answer to that nonce);
+    else None: anything else, forged, replayed, expired, relayed, or munged failing."""
     from wrapper.pulse.munge import MungeError
 
-    if not line.startswith(b"HELLO MUNGE:"):
+    if not line.startswith(b"HELLO MUNGE:") or len(line) > LINE_MAX:
         return None
     try:
         cred = signer.decode(line[len(b"HELLO "):])
@@ -69,6 +83,8 @@ def read_hello(line: bytes, signer: Signer, *, role: str, job_id: str, attempt: 
         return None
     if not isinstance(data, dict) or data.get("v") != V or data.get("role") != role \
             or data.get("job") != job_id or data.get("attempt") != attempt \
-            or not isinstance(data.get("node"), str):
+            or data.get("port") != port or not isinstance(data.get("node"), str) \
+            or not isinstance(data.get("nonce"), str) \
+            or (echo is not None and data.get("echo") != echo):
         return None
     return data

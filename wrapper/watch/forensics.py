@@ -56,8 +56,11 @@ def _read_proc(path: str) -> bytes:
         os.close(fd)
 
 
-def job_processes(job_id: str, uid: int, proc: str = "/proc") -> list[dict[str, Any]]:
-    """The job user's processes on this node whose environment names ``job_id``."""
+def job_processes(job_id: str, uid: int, proc: str = "/proc", *, node: str | None = None,
+                  limit: int | None = MAX_PROCS) -> list[dict[str, Any]]:
+    """The job user's processes on this node whose environment names ``job_id`` (and,
+    with ``node``, no other node as ``SLURMD_NODENAME``: the sandbox's nodes share one
+    host); at most ``limit`` (None: all, as the pulse's fence needs)."""
     found: list[dict[str, Any]] = []
     try:
         entries = sorted(int(e) for e in os.listdir(proc) if e.isdigit())
@@ -72,7 +75,9 @@ def job_processes(job_id: str, uid: int, proc: str = "/proc") -> list[dict[str, 
             if uids != {uid}:  # anyone else's (or a setuid one's): never a candidate
                 continue
             env = _read_proc(f"{proc}/{pid}/environ").split(b"\0")
-            if want not in env:
+            if want not in env or (node is not None and any(
+                    v.startswith(b"SLURMD_NODENAME=") and v != b"SLURMD_NODENAME=" + node.encode()
+                    for v in env)):
                 continue
             cmd = _read_proc(f"{proc}/{pid}/cmdline").replace(b"\0", b" ")
         except (OSError, ValueError):
@@ -83,7 +88,7 @@ def job_processes(job_id: str, uid: int, proc: str = "/proc") -> list[dict[str, 
         found.append({"pid": pid, "ppid": int(fields.get("PPid", "0").strip() or 0),
                       "rank": rank,
                       "cmd": _printable(cmd[:800].decode(errors="replace").strip())[:200]})
-        if len(found) >= MAX_PROCS:
+        if limit is not None and len(found) >= limit:
             break
     return found
 

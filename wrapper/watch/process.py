@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 MODULE = "wrapper.watch"  # in its command line: the epilog checks it before it stops it
 WATCH_ASK_EVERY = 600.0  # seconds between a watcher's asks to slurmctld (see run())
 PULSE_NICE = -10  # the pulse's thread, above the job's ranks (0) on a starved CPU
-PULSE_OOM_SCORE_ADJ = -1000
 
 
 def start(ctx: JobContext, cfg: Config, state: JobState,
@@ -189,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       job_state=job_state, superseded=superseded, on_fault=on_fault,
                       forensics=forensics, keep=keep,
                       clock=time.monotonic)
-    pulse = _start_pulse(cfg, store, backend, args)
+    pulse = _start_pulse(cfg, store, backend, args, superseded)
     try:
         watcher.run(sleep=done.wait, stopped=done.is_set)
     finally:
@@ -211,7 +210,7 @@ class _Pulse:
 
 
 def _start_pulse(cfg: Config, store: JobStore, backend: SlurmBackend,
-                 args: argparse.Namespace) -> _Pulse | None:
+                 args: argparse.Namespace, superseded: Callable[[], bool]) -> _Pulse | None:
     """This node's part of the job's pulse (wrapper/pulse/); None for a one-node job, with
     the pulse off, or when it cannot start (logged: the job runs on Slurm's clocks)."""
     nodes = [n for n in args.nodes.split(",") if n]
@@ -230,14 +229,15 @@ def _start_pulse(cfg: Config, store: JobStore, backend: SlurmBackend,
     except OSError as exc:
         log.get().error("pulse.off", why=f"cannot resolve the hub's address: {exc}")
         return None
-    _hold_on()
     stopping = threading.Event()
     if args.node == first:
         from wrapper.pulse.hub import Hub
 
+        lost_now: list[set[str]] = []
         hub = Hub(job_id=args.job_id, attempt=args.attempt, node=args.node, nodes=nodes,
                   settings=settings, signer=munge,
-                  on_lost=_loss_handler(cfg, store, backend, args))
+                  on_lost=_loss_handler(cfg, store, backend, args, lost_now, len(nodes) - 1))
+        lost_now.append(hub.lost)
         if hub.bind(host) is None:
             log.get().error("pulse.off", why=f"no port of [pulse] ports {cfg.pulse.ports} "
                             "in the job's sequence is free")
@@ -249,13 +249,16 @@ def _start_pulse(cfg: Config, store: JobStore, backend: SlurmBackend,
 
         beater = Beater(job_id=args.job_id, attempt=args.attempt, node=args.node,
                         hub_host=host, settings=settings, signer=munge,
-                        on_fence=_fencer(store, args))
+                        on_fence=_fencer(store, args, superseded))
         target = beater.run
 
     def run() -> None:
         with contextlib.suppress(OSError):  # the beat before the job's work, on a busy CPU
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PULSE_NICE)
-        target(stopping.is_set)
+        try:
+            target(stopping.is_set)
+        except Exception as exc:  # the pulse ends; the watcher's own work goes on
+            log.get().error("pulse.off", why=f"the pulse failed: {exc!r}"[:300])
 
     import contextvars
 
@@ -265,57 +268,73 @@ def _start_pulse(cfg: Config, store: JobStore, backend: SlurmBackend,
     return _Pulse(thread, stopping)
 
 
-def _hold_on() -> None:
-    """The watcher is the node's pulse: the OOM killer takes the job's processes first."""
-    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
-        f.write(str(PULSE_OOM_SCORE_ADJ))
-
-
 def _loss_handler(cfg: Config, store: JobStore, backend: SlurmBackend,
-                  args: argparse.Namespace) -> Callable[[str, float], None]:
+                  args: argparse.Namespace, lost_now: list[set[str]], others: int
+                  ) -> Callable[[str, float], None]:
     """The hub's action on a lost node: root's record at once; the node DOWN in Slurm once
-    its own fence has surely run (``[pulse] fence_grace``), where the site wants it."""
+    its own fence has surely run (``[pulse] fence_grace``), where the site wants it, and
+    only while at most half of the job's other nodes (one, at least) went silent at once:
+    more than that is the hub's own link failing, not theirs (its nodes fence their work
+    themselves; nothing is set DOWN on the hub's doubt)."""
     import time
 
     from wrapper.slurm.commands import drain_reason
 
+    def record(event: ev.Event) -> None:
+        try:
+            store.record(event)
+        except (JobwrapError, OSError) as exc:  # a stalled state disk: the action goes on
+            log.get().error("pulse.not_recorded", error=str(exc)[:300])
+
     def on_lost(node: str, silent: float) -> None:
-        store.record(ev.PulseLost(attempt=args.attempt, node=args.node, lost=node,
-                                  silent_s=round(silent, 2)))
+        record(ev.PulseLost(attempt=args.attempt, node=args.node, lost=node,
+                            silent_s=round(silent, 2)))
         if cfg.pulse.action != "down":
             return
         time.sleep(cfg.pulse.fence_grace)
+        lost = len(lost_now[0]) if lost_now else 1
         reason = drain_reason(f"jobwrap: lost: no heartbeat from its watcher for "
                               f"{silent:.1f} s (job {args.job_id})")
         error = ""
-        try:
-            backend.down_node(node, reason)
-        except JobwrapError as exc:
-            error = str(exc)[:300]
-            log.get().error("pulse.down_failed", lost_node=node, error=error)
-        store.record(ev.PulseDown(attempt=args.attempt, node=args.node, lost=node,
-                                  reason=reason, error=error))
+        if lost > max(1, others // 2):
+            error = (f"not set DOWN: {lost} of the job's {others} other nodes went silent "
+                     "at once; the hub's own link is suspect")
+            log.get().error("pulse.hub_suspect", lost_node=node, lost=lost, others=others)
+        else:
+            try:
+                backend.down_node(node, reason)
+            except JobwrapError as exc:
+                error = str(exc)[:300]
+                log.get().error("pulse.down_failed", lost_node=node, error=error)
+        record(ev.PulseDown(attempt=args.attempt, node=args.node, lost=node,
+                            reason=reason, error=error))
 
     return on_lost
 
 
-def _fencer(store: JobStore, args: argparse.Namespace) -> Callable[[float, str], None]:
+def _fencer(store: JobStore, args: argparse.Namespace, superseded: Callable[[], bool]
+            ) -> Callable[[float, str], None]:
     """The fence: SIGKILL the job's processes on this node (the job user's, whose
-    environment names the job: wrapper.watch.forensics.job_processes), then root's
-    record. Slurm may be out of reach from here: nothing is asked of it."""
+    environment names the job and no other node: wrapper.watch.forensics.job_processes,
+    every one of them), then root's record; none where a later attempt of the job
+    already runs here (its processes are not this attempt's). Slurm may be out of reach
+    from here: nothing is asked of it."""
 
     def fence(silent: float, why: str) -> None:
         from wrapper.watch.forensics import job_processes
 
         killed = 0
-        if args.uid > 0:
-            for proc in job_processes(args.job_id, args.uid):
+        if args.uid > 0 and not superseded():
+            for proc in job_processes(args.job_id, args.uid, node=args.node, limit=None):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(proc["pid"], signal.SIGKILL)
                     killed += 1
         log.get().error("pulse.fenced", silent_s=round(silent, 2), why=why, killed=killed)
-        store.record(ev.PulseFenced(attempt=args.attempt, node=args.node,
-                                    silent_s=round(silent, 2), why=why, killed=killed))
+        try:
+            store.record(ev.PulseFenced(attempt=args.attempt, node=args.node,
+                                        silent_s=round(silent, 2), why=why, killed=killed))
+        except (JobwrapError, OSError) as exc:
+            log.get().error("pulse.not_recorded", error=str(exc)[:300])
 
     return fence
 

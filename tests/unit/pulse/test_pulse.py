@@ -210,7 +210,7 @@ def test_strangers_neither_join_nor_drown_the_beats(run: Callable[..., Run]) -> 
     r = run(["n2"])
     r.beater("n2")
     r.joined("n2")
-    payload = hello_payload("beat", "77", 0, "n3").decode()
+    payload = hello_payload("beat", "77", 0, "n3", port=r.hub.port, nonce="x").decode()
     users = subprocess.run(["runuser", "-u", USER, "--", "munge", "-s", payload],
                            capture_output=True, check=True, timeout=10).stdout.strip()
     port = r.hub.port
@@ -243,8 +243,8 @@ def test_a_hub_of_another_job_on_the_sequence_is_passed_over(run: Callable[..., 
             while True:
                 conn, _ = other.accept()
                 conn.recv(4096)
-                conn.sendall(b"HELLO " + munge.encode(hello_payload("hub", "78", 0, "n9"))
-                             + b"\n")
+                conn.sendall(b"HELLO " + munge.encode(hello_payload(
+                    "hub", "78", 0, "n9", port=first, nonce="x")) + b"\n")
 
     threading.Thread(target=wrong_hub, daemon=True).start()
     try:
@@ -263,3 +263,146 @@ def test_port_ranges_read_or_say_what_is_wrong() -> None:
             port_range(bad)
     seq = candidates("12", 3, (7400, 7403))
     assert sorted(seq) == [7400, 7401, 7402, 7403] and seq == candidates("12", 3, (7400, 7403))
+
+
+def _squat(port: int, serve: Callable[[socket.socket], None]) -> socket.socket:
+    """A listener on ``port`` (as anyone could hold one of the job's sequence) whose
+    every connection ``serve`` answers, in a thread."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(8)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = sock.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return sock
+
+
+def _close(sock: socket.socket) -> None:
+    """Close a listener whose thread waits in accept() (shutdown wakes it first)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def _sequence(offset: int) -> tuple[tuple[int, int], int]:
+    """A port range of this test's own and the first port of job 77's sequence in it."""
+    lo = 20000 + (os.getpid() * 7 + 60 * offset) % 20000
+    ports = (lo, lo + 50)
+    return ports, candidates("77", 0, ports)[0]
+
+
+def test_a_squatter_saying_fenced_first_fences_nothing(run: Callable[..., Run]) -> None:
+    """Nothing a port says before root's hello counts: a squatter's FENCED kills no job."""
+    ports, first = _sequence(1)
+
+    def fenced(conn: socket.socket) -> None:
+        with conn:
+            conn.sendall(b"FENCED\n")
+            time.sleep(1)
+
+    squatter = _squat(first, fenced)
+    try:
+        r = run(["n2"], Settings(interval=0.1, lost_after=0.8, ports=ports))
+        assert r.hub.port != first
+        n2 = r.beater("n2")
+        r.joined("n2")
+        time.sleep(3 * FAST.lost_after)
+        assert n2.poll() is None and r.lost == [], "n2 beats on, unfenced"
+    finally:
+        _close(squatter)
+
+
+def test_a_relay_between_a_node_and_its_hub_is_refused(run: Callable[..., Run]) -> None:
+    """Whoever holds the sequence's first port passes a node's hello on to the real hub
+    and the hub's answer back, then goes silent: the node's hello names the port it
+    dialled, so the hub refuses it; the node then joins the hub itself, and nothing is
+    lost or fenced."""
+    ports, first = _sequence(2)
+    relayed: list[bytes] = []
+
+    def relay(conn: socket.socket) -> None:
+        with conn, socket.create_connection(("127.0.0.1", r.hub.port), timeout=5) as hub:
+            line = conn.recv(4096)
+            relayed.append(line)
+            hub.sendall(line)
+            with contextlib.suppress(OSError):
+                answer = hub.recv(4096)
+                if answer:
+                    conn.sendall(answer)
+            time.sleep(10)  # silent both ways
+
+    squatter = _squat(first, relay)
+    try:
+        r = run(["n2"], Settings(interval=0.1, lost_after=0.8, ports=ports))
+        n2 = r.beater("n2")
+        r.joined("n2", timeout=20)  # after the relay's silence (HUB_WAIT)
+        time.sleep(3 * FAST.lost_after)
+        assert relayed and relayed[0].startswith(b"HELLO MUNGE:")  # the relay was tried
+        assert n2.poll() is None and r.lost == [] and list(r.hub.by_node) == ["n2"]
+    finally:
+        _close(squatter)
+
+
+class _SlowAfterJoin:
+    """munged kept busy by another user (its two threads held): every decode after the
+    first join takes ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.slow = delay, False
+
+    def encode(self, payload: bytes) -> bytes:
+        return munge.encode(payload)
+
+    def decode(self, cred: bytes) -> munge.Credential:
+        if self.slow:
+            time.sleep(self.delay)
+        return munge.decode(cred)
+
+
+def test_a_busy_munged_delays_a_join_never_an_ack(run: Callable[..., Run]) -> None:
+    r = run(["n2", "n3"])
+    signer = _SlowAfterJoin(2.5 * FAST.lost_after)  # past a lease, inside HUB_WAIT
+    r.hub.signer = signer
+    n2 = r.beater("n2")
+    r.joined("n2")
+    signer.slow = True
+    n3 = r.beater("n3")  # its hello waits on munged; n2's beats are acked meanwhile
+    with socket.create_connection(("127.0.0.1", r.hub.port)) as stranger:
+        stranger.sendall(b"HELLO MUNGE:stuck:\n")
+        time.sleep(3 * FAST.lost_after)
+        assert n2.poll() is None and r.lost == [] and "n2" in r.hub.seen
+    r.joined("n3", timeout=20)
+    assert n3.poll() is None
+
+
+class _Refusing:
+    """munged down at the hub: every encode fails."""
+
+    def __init__(self) -> None:
+        self.down = True
+
+    def encode(self, payload: bytes) -> bytes:
+        if self.down:
+            raise munge.MungeError("munge encode: Socket communication error")
+        return munge.encode(payload)
+
+    def decode(self, cred: bytes) -> munge.Credential:
+        return munge.decode(cred)
+
+
+def test_munged_down_at_the_hub_refuses_joins_and_the_hub_lives_on(
+        run: Callable[..., Run]) -> None:
+    r = run(["n2"])
+    signer = _Refusing()
+    r.hub.signer = signer
+    n2 = r.beater("n2")
+    time.sleep(2)
+    assert r.thread.is_alive() and r.hub.by_node == {} and n2.poll() is None
+    signer.down = False  # munged is back: the node joins on its next try
+    r.joined("n2", timeout=10)
