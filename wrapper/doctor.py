@@ -81,6 +81,7 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
     findings.append(check_log(cfg, owner_uid))
     findings.append(check_placement(cfg))
     findings.append(_check_archive_access(cfg))
+    findings.append(check_pulse(cfg, node or environ.get("SLURMD_NODENAME", "")))
     findings.append(_check_gpu(cfg, node))
     slurm_version = ""
     if conf is not None and conf.missing:
@@ -521,6 +522,41 @@ def check_placement(cfg: Config, mounts_text: str | None = None) -> Finding:
                        "Lustre, GPFS, ...), the same on every node")
     return Finding("folder.placement", "pass", f"state_dir on {state or 'a local disk'}, "
                    f"archive_root on shared {archive}")
+
+
+def check_pulse(cfg: Config, node: str = "") -> Finding:
+    """The pulse can run on this node: munged answers (a credential made and read back),
+    and the hub's address resolves where this node is a job's first node."""
+    import socket
+
+    from wrapper.pulse import munge
+
+    if not cfg.pulse.enabled:
+        return Finding("pulse", "pass", "off ([pulse] enabled = false): a lost node is "
+                       "known after Slurm's SlurmdTimeout")
+    if not cfg.supervisor.node_watch:
+        return Finding("pulse", "warn", "[pulse] is on but [supervisor] node_watch is off: "
+                       "the watchers that beat are not started",
+                       "set [supervisor] node_watch = true, or [pulse] enabled = false")
+    try:
+        said = munge.decode(munge.encode(b"jobwrap doctor"))
+    except munge.MungeError as exc:
+        return Finding("pulse", "fail", f"{exc}: the job's watchers cannot prove they are "
+                       "root to each other, so no job here has a pulse",
+                       "start munged (systemctl start munge), as Slurm needs it too")
+    from wrapper.config import this_node
+
+    host = cfg.pulse.address.replace("{node}", node or this_node())
+    try:
+        address = socket.gethostbyname(host)
+    except OSError as exc:
+        return Finding("pulse", "fail", f"[pulse] address {cfg.pulse.address!r} is {host!r} "
+                       f"here, which does not resolve ({exc}): a job whose first node this "
+                       "is runs without a pulse",
+                       "make the node's name resolve, or set [pulse] address")
+    return Finding("pulse", "pass", f"munged answers (uid {said.uid}); a job's hub here "
+                   f"listens on {address}, ports {cfg.pulse.ports} (open them between "
+                   "compute nodes)")
 
 
 def _check_archive_access(cfg: Config) -> Finding:

@@ -118,6 +118,9 @@ fake_inventory = "{FIXTURES / 'gpu' / 'healthy-4.toml'}"
 [hooks]
 prolog_budget = 60
 epilog_budget = 120
+
+[pulse]
+address = "127.0.0.1"
 """)
     return n
 
@@ -602,3 +605,21 @@ def test_node_state_is_the_nodes_own_and_the_archive_is_shared(
     assert said in found.detail, found
     assert found.fix or status == "pass"
 
+
+
+def test_the_pulse_check_asks_munged_and_the_hubs_address() -> None:
+    """munged runs wherever Slurm does (this test machine's too): a credential made and
+    read back; an address that does not resolve, a pulse without watchers, and the
+    pulse off each say so."""
+    from wrapper.config import Config, PulseConfig, SupervisorConfig
+    from wrapper.doctor import check_pulse
+
+    good = check_pulse(Config(pulse=PulseConfig(address="127.0.0.1")), "n1")
+    assert good.status == "pass" and f"uid {os.geteuid()}" in good.detail, good
+    assert "ports 7400-7599" in good.detail
+    bad = check_pulse(Config(pulse=PulseConfig(address="{node}.invalid")), "n1")
+    assert bad.status == "fail" and "'n1.invalid'" in bad.detail and bad.fix, bad
+    unwatched = check_pulse(Config(supervisor=SupervisorConfig(node_watch=False)), "n1")
+    assert unwatched.status == "warn" and "node_watch" in unwatched.fix
+    off = check_pulse(Config(pulse=PulseConfig(enabled=False)), "n1")
+    assert off.status == "pass" and off.detail.startswith("off")
