@@ -153,6 +153,12 @@ def test_a_node_lost_whole_is_replaced_by_the_spare_in_seconds_at_the_sites_time
         assert [e["lost"] for e in lost] == ["n2"] and [e["lost"] for e in down] == ["n2"]
         assert not down[0]["error"], down
         assert lost[0]["ts"] - lost_at < 10, "seconds, not SlurmdTimeout's 300"
+        status = subprocess.run([str(cluster.runtime / "venv" / "bin" / "jobwrap"), "--config",
+                                 str(cluster.jobwrap_config), "status", job_id],
+                                capture_output=True, text=True, env=cluster.env(), timeout=60,
+                                check=False).stdout
+        assert "incident     n2 lost: no heartbeat for " in status, status
+        assert "incident     n2 set DOWN in Slurm" in status, status
     finally:
         for proc in frozen:  # the node "reboots": its processes are gone
             with contextlib.suppress(psutil.Error):

@@ -37,10 +37,11 @@ ENDED = "ended"
 
 MAX_IN_PLACE = 100  # jobwrap run's restarts kept per attempt (its word: bounded)
 _INCIDENTS = (ev.Hang, ev.GpuFault, ev.WalltimeSignal, ev.DirectivesInvalid,
-              ev.PrologUnhealthy, ev.CheckpointSuspect, ev.ResumeChosen, ev.HangForensics)
+              ev.PrologUnhealthy, ev.CheckpointSuspect, ev.ResumeChosen, ev.HangForensics,
+              ev.PulseLost, ev.PulseDown, ev.PulseFenced)
 # what only root's hooks record
 _ROOT_ONLY = (ev.DirectivesInvalid, ev.PrologUnhealthy, ev.CheckpointSuspect,
-              ev.ResumeChosen, ev.HangForensics)
+              ev.ResumeChosen, ev.HangForensics, ev.PulseLost, ev.PulseDown, ev.PulseFenced)
 
 
 @dataclass
@@ -234,6 +235,14 @@ def _incident(event: ev.Event) -> str:
     if isinstance(event, ev.PrologUnhealthy):
         return f"{event.node or 'a node'} failed its prolog health check: " \
                f"{event.reason or ''}"
+    if isinstance(event, ev.PulseLost):
+        return f"{event.lost} lost: no heartbeat for {event.silent_s:g} s"
+    if isinstance(event, ev.PulseDown):
+        return f"{event.lost} " + (f"left up: {event.error}" if event.error
+                                   else "set DOWN in Slurm")
+    if isinstance(event, ev.PulseFenced):
+        return f"{event.node or 'a node'} fenced itself ({event.why}): " \
+               f"{event.killed} process(es) of the job killed"
     error = event.error if isinstance(event, ev.DirectivesInvalid) else ""
     return f"bad #JOBWRAP directives: {error}"
 

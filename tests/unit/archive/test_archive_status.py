@@ -155,3 +155,22 @@ def test_a_line_that_names_no_attempt_annotates_none() -> None:
     ])
     assert [(a.attempt, a.nodes, a.checkpoints, a.incidents) for a in attempts] == [
         (0, ["n1"], 0, []), (1, ["n2"], 0, [])]
+
+
+def test_the_pulse_is_told_from_roots_events_only() -> None:
+    def facts(source: str) -> list[dict[str, object]]:
+        return [
+            {"ts": 1, "event": "prolog.context", "attempt": 0, "node": "n1",
+             "source": "root"},
+            {"ts": 2, "event": "pulse.lost", "attempt": 0, "node": "n1", "lost": "n2",
+             "silent_s": 4.52, "source": source},
+            {"ts": 4, "event": "pulse.down", "attempt": 0, "node": "n1", "lost": "n2",
+             "reason": "jobwrap: lost", "error": "", "source": source},
+            {"ts": 5, "event": "pulse.fenced", "attempt": 0, "node": "n3", "silent_s": 4.6,
+             "why": "no ack from the hub", "killed": 2, "source": source},
+        ]
+
+    assert summarized(facts("root"))[0].incidents == [
+        "n2 lost: no heartbeat for 4.52 s", "n2 set DOWN in Slurm",
+        "n3 fenced itself (no ack from the hub): 2 process(es) of the job killed"]
+    assert summarized(facts("user"))[0].incidents == []  # the user's words are no loss
