@@ -122,15 +122,20 @@ def large_main() -> int:
 def _rotate(runs: Sequence[Callable[[], float]], *, rounds: int,
             warmup: int) -> list[list[float]]:
     """Seconds of each run in each round, taken in turn with the order rotating every
-    round, so that the machine's drift (and whoever runs first after a sync) hits them
-    all alike; a round's numbers are compared with each other."""
+    round, so that the machine's drift hits them all alike; a round's numbers are
+    compared with each other. Each run starts on a clean page cache (an untimed ``sync``):
+    none of them syncs what it wrote (cp and rsync never do, nor does the cache's first
+    fill, whose entry the epilog makes durable), so without it each would pay the
+    writeback of the one before."""
     for _ in range(warmup):
         for run in runs:
+            os.sync()
             run()
     times: list[list[float]] = [[] for _ in runs]
     for i in range(rounds):
         for k in range(len(runs)):
             j = (i + k) % len(runs)
+            os.sync()
             times[j].append(runs[j]())
     return times
 

@@ -75,6 +75,14 @@ def test_stage_in_read_write_stage_out_then_cache(cluster: Cluster, dataset: Pat
     assert first["files"] >= 101
     # scratch was removed after the job
     assert not any(p.exists() for p in cluster.scratch_paths(job_id))
+    # the first stage left its cache entry complete but not durable (no syncfs on the
+    # start path); the job's epilog made it durable, and the marker says so
+    import json
+
+    cache = cluster.node_dir(info["NodeList"]) / "cache"
+    markers = [json.loads(m.read_text()) for m in (cache / "entries").glob("*/complete.json")]
+    assert markers and all(m["synced"] is True for m in markers), markers
+    assert list((cache / "unsynced").iterdir()) == []
 
     # on the same node, its own cache serves the dataset; on another, that node's own
     # cache has not seen it (each node keeps its cache to itself)

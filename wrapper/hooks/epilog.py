@@ -115,6 +115,7 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     except JobwrapError as exc:
         log.get().error("epilog.scratch_not_removed", error=str(exc))
     staging.prune_kept(cfg)
+    staging.settle_cache(cfg, record)
     _prune_user_files(cfg)
     logger.info("epilog.done", exit_code=ctx.exit_code, exit_signal=ctx.exit_signal)
     return EXIT_OK

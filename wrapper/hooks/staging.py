@@ -177,6 +177,31 @@ def prune_kept(cfg: Config) -> None:
         log.get().info("staging.kept_pruned", jobs=removed)
 
 
+def settle_cache(cfg: Config, record: JobRecord) -> None:
+    """Make the node cache's entries of this boot durable (one syncfs), off the start
+    path: the stage-in wrote them complete but not yet on disk (``Cache.settle``). Only
+    after a job that staged in; never fails the hook."""
+    if not record.job_options.stage_in or record.options_error or not cfg.staging.cache:
+        return
+    from wrapper.staging import Cache
+
+    started = time.monotonic()
+    try:
+        cache = Cache.from_config(cfg.paths.cache_root, cfg.staging)
+        if cache is None:
+            return
+        try:
+            settled = cache.settle()
+        finally:
+            cache.close()
+    except (JobwrapError, OSError) as exc:
+        log.get().error("staging.cache_unsettled", error=str(exc)[:300])
+        return
+    if settled:
+        log.get().info("staging.cache_settled", entries=settled,
+                       seconds=round(time.monotonic() - started, 3))
+
+
 def remove_job_scratch(ctx: JobContext, cfg: Config, state: JobState) -> None:
     """Remove this node's scratch of the job, never following a link out of it."""
     from wrapper.staging import remove_scratch

@@ -94,7 +94,11 @@ GIB = 1 << 30
 KEY_MODES = ("stat", "sha256")
 LINK_MODES = ("hardlink", "copy")
 MARKER = "complete.json"
-MARKER_FORMAT = 1  # the marker's "v"; the key's own scheme is in its head (jobwrap-cache-1)
+# The marker's "v"; the key's own scheme is in its head (jobwrap-cache-1). 2: a marker
+# may be written before its entry is on disk ("synced": false, with the boot it was
+# written in); a jobwrap that reads only 1 takes such an entry as a miss.
+MARKER_FORMAT = 2
+UNSYNCED = "unsynced"  # <root>/unsynced/KEY: entries whose marker is not durable yet
 RESERVED = "reserved"
 DATA = "data"
 _KEY = re.compile(r"^[0-9a-f]{64}$")
@@ -311,6 +315,33 @@ class Cache:
                 self.drop(claim)  # half a fill is useless; give its space back now
             raise
 
+    def settle(self) -> int:
+        """Make this boot's entries durable (the epilog, off the job's start path): one
+        ``syncfs``, then each such marker says ``synced``; returns how many. An entry
+        filled in an earlier boot and never settled is no entry (``_read_marker``)."""
+        pending_fd = self._dir(UNSYNCED)
+        keys = [k for k in os.listdir(pending_fd) if _KEY.match(k)]
+        if not keys:
+            return 0
+        entries_fd = self._dir("entries")
+        sync_filesystem(entries_fd)  # every fill before this call is on disk now
+        settled = 0
+        with self._global_lock():  # no eviction moves an entry while its marker is rewritten
+            for key in keys:
+                marker = self._read_marker(key)
+                if marker is not None and marker.get("synced") is False:
+                    entry_fd = open_dir(key, dir_fd=entries_fd)
+                    try:
+                        _write_atomic(entry_fd, MARKER, json.dumps(
+                            {**marker, "synced": True}).encode(), mode=0o444)
+                        os.fsync(entry_fd)
+                    finally:
+                        os.close(entry_fd)
+                    settled += 1
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(key, dir_fd=pending_fd)
+        return settled
+
     def drop(self, claim: Claim) -> None:
         """Remove the claimed entry's partial fill now, giving its space back."""
         with self._global_lock():
@@ -346,7 +377,11 @@ class Cache:
                                    f"{len(manifest.files)} files from the worker")
             make_links(manifest, tree, dest, result)
             finish_dirs(manifest, tree, dest, result, dir_mode=lambda e: 0o555)
-            sync_filesystem(entry_fd)  # all of it on disk before the marker says complete
+            # Complete, but not durable yet: the page cache is what every reader of this
+            # boot sees, so the entry serves this boot at once; the disk catches up in
+            # the job's epilog (settle), and a boot that finds it unsynced refills it.
+            if not boot_id():  # no boot to scope it to: durable before it says complete
+                sync_filesystem(entry_fd)
             checksums = {_dataset_path(dest, p): h for p, h in result.checksums.items()}
             for entry in manifest.files:
                 if entry.sha256 and checksums.get(entry.path) != entry.sha256:
@@ -356,11 +391,13 @@ class Cache:
                       "kind": manifest.kind, "files": len(manifest.files),
                       "bytes": manifest.total_bytes,
                       "disk_bytes": self.disk_bytes(manifest), "created": time.time(),
-                      "checksums": checksums}
-            _write_atomic(entry_fd, MARKER, json.dumps(marker).encode(), mode=0o444)
+                      "checksums": checksums, "boot": boot_id(), "synced": not boot_id()}
+            if not marker["synced"]:
+                _write_atomic(self._dir(UNSYNCED), claim.key, b"", durable=False)  # first
+            _write_atomic(entry_fd, MARKER, json.dumps(marker).encode(), mode=0o444,
+                          durable=bool(marker["synced"]))
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(RESERVED, dir_fd=entry_fd)
-            os.fsync(entry_fd)
             claim.marker = marker
             if target is not None:
                 target.finish()
@@ -437,7 +474,7 @@ class Cache:
                                f"with mode 0700 (it is uid {info.st_uid}, mode "
                                f"{stat.S_IMODE(info.st_mode):04o})")
         fds = {"root": root_fd}
-        for name in ("entries", "locks", "trash"):
+        for name in ("entries", "locks", "trash", UNSYNCED):
             fds[name] = make_dir(root_fd, name, 0o700)
         self._fds = fds
 
@@ -501,6 +538,8 @@ class Cache:
         if not isinstance(version, int) or isinstance(version, bool) or \
                 not 1 <= version <= MARKER_FORMAT:
             return None  # a newer jobwrap's entry: a miss here, filled again
+        if data.get("synced") is False and data.get("boot") != boot_id():
+            return None  # written before a reboot that may have lost its data: refilled
         return data
 
     def _reserved(self, key: str) -> int:
@@ -745,7 +784,8 @@ def _check_key(key: str) -> None:
         raise StagingError(f"{key!r} is not a cache key")
 
 
-def _write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600) -> None:
+def _write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600,
+                  durable: bool = True) -> None:
     temp = f".{name}.{os.urandom(4).hex()}"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  mode, dir_fd=dir_fd)
@@ -754,9 +794,24 @@ def _write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600) -> 
         while view:
             view = view[os.write(fd, view):]
         os.fchmod(fd, mode)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+_boot: list[str] = []
+
+
+def boot_id() -> str:
+    """This boot's id (the kernel's, new at every boot); "" where there is none."""
+    if not _boot:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as handle:
+                _boot.append(handle.read(64).decode("ascii", "replace").strip())
+        except OSError:
+            _boot.append("")
+    return _boot[0]
 
 

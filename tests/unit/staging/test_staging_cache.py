@@ -376,3 +376,50 @@ def test_a_one_pass_fill_that_fails_for_the_job_leaves_neither_links_nor_entry(
     assert [e.complete for e in cache.entries()] == [True]
     assert sorted(os.listdir(scratch)) == sorted(["mine", *os.listdir(dataset)])
     assert (scratch / "sub" / "big.bin").read_bytes() == (dataset / "sub" / "big.bin").read_bytes()
+
+
+def test_a_first_fill_is_used_this_boot_and_only_after_settle_in_the_next(
+        jobs: Jobs, dataset: Path, cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first stage writes its entry complete but not durable (no syncfs on the job's
+    start path): this boot's page cache serves it; a reboot before the epilog's settle
+    may have lost its data, so the next boot fills it again; once settled, it stays."""
+    import json
+
+    from wrapper.staging import cache as cache_mod
+
+    jobs.stage(f"{dataset}:data", cache)
+    [entry] = cache.entries()
+    marker_path = cache.root / "entries" / entry.key / "complete.json"
+    marker = json.loads(marker_path.read_text())
+    assert (marker["v"], marker["synced"], marker["boot"]) == (2, False, cache_mod.boot_id())
+    assert (cache.root / "unsynced" / entry.key).exists()
+    _, hit = jobs.stage(f"{dataset}:data", cache)
+    assert hit.cache_hit is True  # the same boot: its page cache is the truth
+    monkeypatch.setattr(cache_mod, "_boot", ["another-boot"])  # a reboot, not settled
+    assert [e.complete for e in cache.entries()] == [False]
+    _, refill = jobs.stage(f"{dataset}:data", cache)
+    assert refill.cache_hit is False
+    [entry] = cache.entries()
+    assert cache.settle() == 1  # the epilog: one syncfs, the marker says so
+    assert cache.settle() == 0 and not (cache.root / "unsynced" / entry.key).exists()
+    marker = json.loads((cache.root / "entries" / entry.key / "complete.json").read_text())
+    assert marker["synced"] is True
+    monkeypatch.setattr(cache_mod, "_boot", ["a-third-boot"])
+    _, after = jobs.stage(f"{dataset}:data", cache)
+    assert after.cache_hit is True
+
+
+def test_a_marker_of_format_1_is_still_complete(jobs: Jobs, dataset: Path,
+                                                cache: Cache) -> None:
+    """An entry an older jobwrap filled (synced before its marker, no boot in it)."""
+    import json
+
+    jobs.stage(f"{dataset}:data", cache)
+    [entry] = cache.entries()
+    marker_path = cache.root / "entries" / entry.key / "complete.json"
+    old = {k: v for k, v in json.loads(marker_path.read_text()).items()
+           if k not in ("boot", "synced")}
+    marker_path.chmod(0o644)
+    marker_path.write_text(json.dumps({**old, "v": 1}))
+    _, hit = jobs.stage(f"{dataset}:data", cache)
+    assert hit.cache_hit is True
