@@ -119,13 +119,12 @@ def test_a_node_cut_off_from_the_hub_fences_itself_and_nothing_writes_after(
         assert float(ticks[-1]) < float(str(fenced[0]["ts"])), (ticks[-3:], fenced)
     finally:
         proc.send_signal(signal.SIGCONT)
-    info = cluster.wait_job(job_id, states=TERMINAL, timeout=120)
-    assert info["JobState"] != "COMPLETED"
-    time.sleep(3)
+    time.sleep(3)  # the hub, back, reads n2's goodbye; it must blame no one
     assert [e["event"] for e in _pulse_events(cluster, job_id)] == ["pulse.fenced"]
     assert not cluster.node_states().get("n2", "").startswith("down")
-    with contextlib.suppress(Exception):
-        Runner(cluster.env()).run(["scancel", job_id], timeout=20, check=False)
+    Runner(cluster.env()).run(["scancel", job_id], timeout=20, check=False)  # rank 0 waits
+    info = cluster.wait_job(job_id, states=TERMINAL, timeout=120)
+    assert info["JobState"] != "COMPLETED"
 
 
 LOSS = """#!/bin/bash
