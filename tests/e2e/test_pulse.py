@@ -78,7 +78,7 @@ def _joined(cluster: Cluster, job_id: str, node: str, timeout: float = 60) -> No
 
 def test_a_frozen_watcher_and_a_starved_node_keep_their_place(cluster: Cluster) -> None:
     cluster.write_user_file("pulse_rank.py", RANK)
-    job_id = cluster.submit(_script("slow", 30, 8), name="slow.sh")
+    job_id = cluster.submit(_script("slow", 30, 8), "-w", "n1,n2", name="slow.sh")
     _joined(cluster, job_id, "n2")
     watcher = cluster.watcher_pid(job_id, "n2")
     assert watcher is not None
@@ -100,7 +100,7 @@ def test_a_node_cut_off_from_the_hub_fences_itself_and_nothing_writes_after(
     same silence as a cut cable). n2 hears no ack and kills the job's processes on
     itself; its rank's last write is before the fence. The hub, back, blames no node."""
     cluster.write_user_file("pulse_rank.py", RANK)
-    job_id = cluster.submit(_script("fence", 90, 0), name="fence.sh")
+    job_id = cluster.submit(_script("fence", 90, 0), "-w", "n1,n2", name="fence.sh")
     _joined(cluster, job_id, "n2")
     hub = cluster.watcher_pid(job_id, "n1")
     assert hub is not None
