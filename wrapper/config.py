@@ -349,6 +349,19 @@ class PulseConfig(Section):
                        "reason; Slurm ends the job's work there, a spare or the requeue "
                        "moves it) or record (root's pulse.lost event and log only).",
                        choices=("down", "record"))
+    samples: bool = _opt(True, "Every node's watcher samples the job's ranks on it (CPU time, "
+                         "I/O, and each rank's Python stack through py-spy, as the job's user) "
+                         "and the first node's judges them together: a hang is ended in "
+                         "seconds, its stuck rank named (wrapper/pulse/judge.py). Off: hangs "
+                         "wait for the supervisor's hang_floor/hang_min.")
+    sample_interval: float = _opt(3.0, "Seconds between two samples of a node's ranks (each "
+                                  "costs ~7 ms of CPU per rank).", positive=True)
+    hang_floor: float = _opt(15.0, "Seconds the job's ranks must stay stuck (some waiting in a "
+                             "collective, the others not moving at all) before it is a hang. "
+                             "At least 3 x sample_interval.", positive=True)
+    hang_k: float = _opt(2.0, "A hang is also never called before hang_k x the longest "
+                         "stretch the job was stuck and then went on by itself.",
+                         positive=True)
 
 
 class RestartConfig(Section):
@@ -787,6 +800,10 @@ def _check_pulse(pulse: PulseConfig, problems: list[str]) -> None:
         port_range(pulse.ports)
     except ValueError as exc:
         problems.append(f"[pulse] ports = {_show(pulse.ports)}: {exc}")
+    if pulse.hang_floor < 3 * pulse.sample_interval:
+        problems.append(f"[pulse] hang_floor = {pulse.hang_floor:g}: expected at least 3 x "
+                        f"sample_interval ({3 * pulse.sample_interval:g}): a hang is "
+                        "judged on several samples, never one or two")
     if pulse.lost_after < 3 * pulse.interval:
         problems.append(f"[pulse] lost_after = {pulse.lost_after:g}: expected at least 3 x "
                         f"interval ({3 * pulse.interval:g}): a node missing two beats is "

@@ -409,6 +409,21 @@ class PulseDown(Event):
     error: str = ""
 
 
+@kind("pulse.hang", writer="root")
+@dataclass(frozen=True)
+class PulseHang(Event):
+    """The first node's judge of every node's samples (wrapper/pulse/judge.py): the job's
+    ranks were stuck for ``held_s`` s (``window_s``: what it takes), ``stuck`` the rank(s)
+    named; the supervisor ends the hang as its own."""
+
+    stuck: list[str] = field(default_factory=list)
+    ranks: int = 0
+    waiting: int = 0
+    held_s: float = 0.0
+    window_s: float = 0.0
+    why: str = ""
+
+
 @kind("pulse.fenced", writer="root")
 @dataclass(frozen=True)
 class PulseFenced(Event):
@@ -620,6 +635,8 @@ class Hang(_BySupervisor):
     learned: bool = False  # the timeout was learned from the job's cadence, not fixed
     cadence_s: float = 0.0  # the longest gap between two signs of progress seen
     last_checkpoint: str | None = None
+    found_by: str = "supervisor"  # or "pulse": the judge of every rank's samples
+    stuck: list[str] = field(default_factory=list)  # the ranks the pulse named
 
 
 @kind("hang.in_place", writer="user")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from wrapper.pulse import Settings, Signer
-from wrapper.pulse.wire import LINE_MAX, candidates, hello_payload, nonce, read_hello
+from wrapper.pulse.wire import LINE_MAX, SAMPLE_MAX, candidates, hello_payload, nonce, read_hello
 
 CONNECT_WAIT = 1.0  # seconds for one connect
 HUB_WAIT = 3.0  # seconds for the hub's answer to a hello (munged may be busy there; a
@@ -35,8 +35,10 @@ class Beater:
     def __init__(self, *, job_id: str, attempt: int, node: str, hub_host: str,
                  settings: Settings, on_fence: Callable[[float, str], None],
                  signer: Signer, uid: int = 0,
+                 sample: Callable[[], bytes | None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.job_id, self.attempt, self.node, self.hub_host = job_id, attempt, node, hub_host
+        self.sample = sample  # this node's newest sample of its ranks not yet sent, if any
         self.settings, self.on_fence, self.signer, self.uid = settings, on_fence, signer, uid
         self.clock = clock
         self.sock: socket.socket | None = None
@@ -44,6 +46,7 @@ class Beater:
         self.done = False
         self.why = ""  # how it ended: "fenced", "end", "left", or "" while it runs
         self._buf = b""
+        self._out = b""  # what the socket did not take yet
         self._seq = 0
 
     def run(self, stopped: Callable[[], bool]) -> None:
@@ -113,8 +116,15 @@ class Beater:
         if self.sock is None:
             return
         self._seq += 1
+        data = b"B %d\n" % self._seq
+        if not self._out and self.sample is not None:  # a hub that reads: the sample too
+            payload = self.sample()
+            if payload is not None and len(payload) < SAMPLE_MAX:
+                data += b"S " + payload + b"\n"
+        self._out += data
         try:
-            self.sock.send(b"B %d\n" % self._seq)
+            sent = self.sock.send(self._out)
+            self._out = self._out[sent:]
         except (BlockingIOError, InterruptedError):
             pass  # the hub reads nothing: its silence is the lease's to judge
         except OSError:

@@ -31,7 +31,7 @@ from typing import Any
 
 from wrapper import log
 from wrapper.pulse import Settings, Signer
-from wrapper.pulse.wire import LINE_MAX, candidates, hello_payload, nonce, read_hello
+from wrapper.pulse.wire import LINE_MAX, SAMPLE_MAX, candidates, hello_payload, nonce, read_hello
 
 TICK = 0.25  # seconds between two judgements
 HELLO_WAIT = 2.0  # seconds a new connection has to say who it is
@@ -53,8 +53,10 @@ class Hub:
     def __init__(self, *, job_id: str, attempt: int, node: str, nodes: Collection[str],
                  settings: Settings, on_lost: Callable[[str, float], None],
                  signer: Signer, uid: int = 0,
+                 on_sample: Callable[[str, bytes], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.job_id, self.attempt, self.node = job_id, attempt, node
+        self.on_sample = on_sample  # a joined node's sample of its ranks (root's, on its node)
         self.nodes = frozenset(nodes) - {node}
         self.settings, self.on_lost, self.signer, self.uid = settings, on_lost, signer, uid
         self.clock = clock
@@ -246,7 +248,7 @@ class Hub:
             if not self._line(conn, line):
                 self._drop(conn)
                 return
-        if len(conn.buf) > LINE_MAX:
+        if len(conn.buf) > (SAMPLE_MAX if conn.node else LINE_MAX):
             self._drop(conn)
 
     def _line(self, conn: _Conn, line: bytes) -> bool:
@@ -260,6 +262,10 @@ class Hub:
         if line.startswith(b"B "):
             self.seen[conn.node] = self.clock()
             self._send(conn, b"A " + line[2:22] + b"\n")
+            return True
+        if line.startswith(b"S ") and len(line) <= SAMPLE_MAX:
+            if self.on_sample is not None:
+                self.on_sample(conn.node, line[2:])
             return True
         if line == b"FENCING":  # it lost the hub (this one was held up): a departure
             self.note("warning", "pulse.fenced_itself", fenced_node=conn.node)

@@ -127,6 +127,7 @@ def supervise(job_id: str, cfg: Config) -> int:
         return JobStore(state).run_restarts(attempt)
 
     from wrapper.submit.directives import allowed_restarts
+    from wrapper.watch.process import PULSE_HANG_FILE
 
     options = record.job_options
     may_requeue = cfg.supervisor.walltime_requeue and not options.no_requeue and \
@@ -144,6 +145,7 @@ def supervise(job_id: str, cfg: Config) -> int:
                             gpu_faults=_gpu_fault_reader(cfg, record),
                             facts=channel.write if channel else None,
                             await_forensics=_forensics_waiter(cfg, state, attempt),
+                            pulse_hang=lambda: state.read_json(PULSE_HANG_FILE),
                             requeue_job=requeue_job if may_requeue else None)
     supervisor.run()
     return 0

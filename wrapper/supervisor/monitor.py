@@ -77,6 +77,7 @@ class Supervisor:
                  under_run: Callable[[], bool] | None = None,
                  kill_steps: Callable[[], list[str]] | None = None,
                  run_restarts: Callable[[], int] | None = None,
+                 pulse_hang: Callable[[], dict[str, Any] | None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.record = record
         self.state = state
@@ -97,6 +98,9 @@ class Supervisor:
         self.under_run = under_run
         self.kill_steps = kill_steps
         self.run_restarts = run_restarts  # jobwrap run's restarts of the command so far
+        # the pulse judge's newest hang verdict (root's pulse-hang.json), if any
+        self.pulse_hang = pulse_hang
+        self._pulse_seen: str = ""
         self.clock = clock
         # ``options``: the job's, merged with the site's defaults (job.record.site_options):
         # --hang-timeout=off is 0; None: learned from the job's cadence
@@ -131,15 +135,12 @@ class Supervisor:
         self._look_at_output(now)
         limit = self.hang_timeout
         if limit and not self.seen.ended_by_us and now - self.seen.last_progress >= limit:
-            idle = now - self.seen.last_progress
-            self.event(ev.Hang(idle_s=round(idle, 1), hang_timeout_s=round(limit, 1),
-                              learned=self.fixed_hang_timeout is None,
-                              cadence_s=round(self.seen.longest_gap, 1),
-                              last_checkpoint=self.seen.checkpoint))
-            if self.await_forensics is not None:
-                self.await_forensics()
-            if not self._restart_in_place():
-                self._end(ev.Hang.KIND)
+            self._hang(ev.Hang(idle_s=round(now - self.seen.last_progress, 1),
+                               hang_timeout_s=round(limit, 1),
+                               learned=self.fixed_hang_timeout is None,
+                               cadence_s=round(self.seen.longest_gap, 1),
+                               last_checkpoint=self.seen.checkpoint))
+        self._look_at_pulse(now)
         if self.gpu_faults is not None and now >= self._next_gpu:
             self._next_gpu = now + self.cfg.gpu_interval
             for fault in self.gpu_faults():
@@ -159,6 +160,41 @@ class Supervisor:
                                             last_checkpoint=self.seen.checkpoint,
                                             step=self.seen.step))
                 self.finished = True
+
+    def _hang(self, hang: ev.Hang) -> None:
+        """Record the hang (root's fact first), wait for every node's forensics, then end
+        the job's steps for ``jobwrap run`` to restart in place, or else the job."""
+        self.event(hang)
+        if self.await_forensics is not None:
+            self.await_forensics()
+        if not self._restart_in_place():
+            self._end(ev.Hang.KIND)
+
+    def _look_at_pulse(self, now: float) -> None:
+        """The pulse judge's verdict of this attempt (root's, from every rank's samples:
+        wrapper/pulse/judge.py) is a hang as the supervisor's own, once per verdict. A job
+        whose --hang-timeout is fixed, or off, said what a hang is: the verdict is only
+        recorded then (root's pulse.hang)."""
+        if self.pulse_hang is None or self.seen.ended_by_us or \
+                self.fixed_hang_timeout is not None:
+            return
+        try:
+            verdict = self.pulse_hang()
+        except Exception as exc:  # a record it cannot read is no verdict
+            self.logger.warning("supervisor.pulse_unreadable", error=str(exc)[:200])
+            return
+        if not verdict or verdict.get("attempt") != self.attempt:
+            return
+        key = f"{verdict.get('time')}:{verdict.get('held_s')}"
+        if key == self._pulse_seen:
+            return
+        self._pulse_seen = key
+        stuck = [str(s)[:300] for s in verdict.get("stuck") or []][:16]
+        self._hang(ev.Hang(idle_s=round(now - self.seen.last_progress, 1),
+                           hang_timeout_s=float(verdict.get("window_s") or 0.0),
+                           learned=True, cadence_s=round(self.seen.longest_gap, 1),
+                           last_checkpoint=self.seen.checkpoint, found_by="pulse",
+                           stuck=stuck))
 
     @property
     def hang_timeout(self) -> float:

@@ -104,13 +104,6 @@ def rank_label(raw: bytes) -> str:
     return repr(shown) + ("..." if len(text) > LABEL_MAX else "")
 
 
-def leaves(procs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The processes that could be ranks: none of the others is their child, no helper."""
-    parents = {p["ppid"] for p in procs}
-    return [p for p in procs if p["pid"] not in parents
-            and not any(h in p["cmd"] for h in HELPERS)]
-
-
 def py_spy() -> str:
     """The py-spy installed beside jobwrap's Python (a dependency of jobwrap)."""
     beside = Path(sys.executable).parent / "py-spy"
@@ -194,11 +187,14 @@ def collect(cfg: Any, *, job_id: str, node: str, attempt: int, uid: int, gid: in
     from wrapper.errors import JobwrapError
     from wrapper.osl.child import call_as
     from wrapper.osl.users import UserIds
+    from wrapper.pulse.ranks import describe, pick_ranks, where
 
     started = time.monotonic()
     problems: list[str] = []
-    procs = job_processes(job_id, uid)
-    ranks = leaves(procs)
+    procs = job_processes(job_id, uid, node=node)
+    facts = {p["pid"]: describe("/proc", p["pid"]) for p in procs}
+    chosen = pick_ranks([{**p, **f} for p in procs if (f := facts[p["pid"]]) is not None])
+    ranks = [p for p in procs if p["pid"] in chosen]
     stacks: dict[str, Any] = {}
     if ranks:
         try:
@@ -214,6 +210,7 @@ def collect(cfg: Any, *, job_id: str, node: str, attempt: int, uid: int, gid: in
                                  "cmd": p["cmd"]}
         if "threads" in got:
             entry.update(summarise(got["threads"], p["pid"]))
+            entry["in_collective"] = where(got["threads"], p["pid"]).get("coll", False)
         else:
             entry.update({"frames": [], "error": got.get("error", "not read")})
         out_ranks.append(entry)

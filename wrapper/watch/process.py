@@ -29,11 +29,14 @@ if TYPE_CHECKING:
     import argparse
 
     from wrapper.gpu.nvml import XidListener
+    from wrapper.pulse.judge import Verdict
     from wrapper.slurm import SlurmBackend
 
 MODULE = "wrapper.watch"  # in its command line: the epilog checks it before it stops it
 WATCH_ASK_EVERY = 600.0  # seconds between a watcher's asks to slurmctld (see run())
 PULSE_NICE = -10  # the pulse's thread, above the job's ranks (0) on a starved CPU
+TICK_MAX = 1.0  # seconds between two looks of the watcher's loop, at most
+PULSE_HANG_FILE = "pulse-hang.json"  # the judge's verdict, for the supervisor
 
 
 def start(ctx: JobContext, cfg: Config, state: JobState,
@@ -188,13 +191,131 @@ def main(argv: Sequence[str] | None = None) -> int:
                       job_state=job_state, superseded=superseded, on_fault=on_fault,
                       forensics=forensics, keep=keep,
                       clock=time.monotonic)
-    pulse = _start_pulse(cfg, store, backend, args, superseded)
+    samples = _Samples(args)
+    pulse = _start_pulse(cfg, store, backend, args, superseded, samples)
+    sampler = _start_sampler(cfg, store, args, samples, pulse)
     try:
-        watcher.run(sleep=done.wait, stopped=done.is_set)
+        # a 1 s look at the hang fact (one stat): the forensics follow a hang at once
+        watcher.run(sleep=lambda s: done.wait(min(s, TICK_MAX)), stopped=done.is_set)
     finally:
-        if pulse is not None:
-            pulse.stop()
+        for part in (sampler, pulse):
+            if part is not None:
+                part.stop()
     return 0
+
+
+class _Samples:
+    """The newest sample of each node's ranks (wrapper/pulse/ranks.py): on the job's first
+    node every node's, as they arrive (the hub's thread puts, the sampler's judges); on the
+    others this node's own, for its beat to carry once."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.by_node: dict[str, tuple[float, dict[str, object]]] = {}
+        self.outgoing: bytes | None = None
+        self.lock = threading.Lock()
+        self.lost: set[str] = set()  # nodes the hub judged lost: no longer waited for
+
+    def put(self, node: str, sample: dict[str, object]) -> None:
+        import time
+
+        with self.lock:
+            self.by_node[node] = (time.monotonic(), sample)
+
+    def heard(self, node: str, payload: bytes) -> None:
+        """A node's sample, off the pulse (root's, on that node: its hello was checked)."""
+        import json
+
+        try:
+            sample = json.loads(payload)
+        except ValueError:
+            return
+        if isinstance(sample, dict) and sample.get("node") == node:
+            self.put(node, sample)
+
+    def send(self, sample: dict[str, object]) -> None:
+        import json
+
+        with self.lock:
+            self.outgoing = json.dumps(sample, separators=(",", ":")).encode()
+
+    def take(self) -> bytes | None:
+        with self.lock:
+            out, self.outgoing = self.outgoing, None
+            return out
+
+    def snapshot(self) -> dict[str, tuple[float, dict[str, object]]]:
+        with self.lock:
+            return dict(self.by_node)
+
+
+def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
+                   samples: _Samples, pulse: _Pulse | None) -> _Pulse | None:
+    """This node's sampler of the job's ranks, every ``[pulse] sample_interval``; on the
+    job's first node also the judge of every node's samples (wrapper/pulse/judge.py).
+    None with ``[pulse] samples`` off, without the job's user, or on a node other than the
+    first whose samples have no way to the hub (no pulse)."""
+    nodes = [n for n in args.nodes.split(",") if n] or [args.node]
+    first = args.node == nodes[0]
+    if not cfg.pulse.samples or args.uid <= 0 or (not first and pulse is None):
+        return None
+    import time
+
+    from wrapper.pulse.judge import HangJudge
+    from wrapper.pulse.ranks import NodeSampler
+
+    interval = cfg.pulse.sample_interval
+    sampler = NodeSampler(job_id=args.job_id, node=args.node, uid=args.uid, gid=args.gid)
+    judge = HangJudge(floor=cfg.pulse.hang_floor, k=cfg.pulse.hang_k, interval=interval) \
+        if first and (pulse is not None or len(nodes) == 1) else None
+    stopping = threading.Event()
+
+    def run() -> None:
+        while not stopping.is_set():
+            started = time.monotonic()
+            sample = sampler.sample(budget=interval)
+            sample["spent"] = round(sampler.spent, 3)
+            if judge is None:
+                samples.send(sample)
+            else:
+                samples.put(args.node, sample)
+                verdict = judge.round(time.monotonic(), samples.snapshot(),
+                                      [n for n in nodes if n not in samples.lost])
+                if verdict is not None:
+                    _hang_found(store, args, verdict)
+            stopping.wait(max(0.2, interval - (time.monotonic() - started)))
+
+    def guarded() -> None:
+        try:
+            run()
+        except Exception as exc:  # the samples end; the watcher's own work goes on
+            log.get().error("pulse.samples_off", why=f"the sampler failed: {exc!r}"[:300])
+
+    import contextvars
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(guarded,),
+                              name="pulse-samples", daemon=True)
+    thread.start()
+    return _Pulse(thread, stopping)
+
+
+def _hang_found(store: JobStore, args: argparse.Namespace, verdict: Verdict) -> None:
+    """The judge's hang: root's ``pulse.hang`` and the file the supervisor looks at each
+    tick (``pulse-hang.json``, root's, in the job's state folder): it ends the hang as its
+    own, after the forensics."""
+    from wrapper.pulse.judge import label
+
+    named = [label(s) for s in verdict.stuck]
+    log.get().error("pulse.hang", stuck=named, held_s=verdict.held_s, why=verdict.why)
+    event = ev.PulseHang(attempt=args.attempt, node=args.node, stuck=named,
+                         ranks=verdict.ranks, waiting=verdict.waiting,
+                         held_s=verdict.held_s, window_s=verdict.window_s, why=verdict.why)
+    try:
+        import time
+
+        store.state.write_json(PULSE_HANG_FILE, {**event.encode(), "time": time.time()})
+        store.record(event)
+    except (JobwrapError, OSError) as exc:
+        log.get().error("pulse.not_recorded", error=str(exc)[:300])
 
 
 class _Pulse:
@@ -210,7 +331,8 @@ class _Pulse:
 
 
 def _start_pulse(cfg: Config, store: JobStore, backend: SlurmBackend,
-                 args: argparse.Namespace, superseded: Callable[[], bool]) -> _Pulse | None:
+                 args: argparse.Namespace, superseded: Callable[[], bool],
+                 samples: _Samples) -> _Pulse | None:
     """This node's part of the job's pulse (wrapper/pulse/); None for a one-node job, with
     the pulse off, or when it cannot start (logged: the job runs on Slurm's clocks)."""
     nodes = [n for n in args.nodes.split(",") if n]
@@ -235,9 +357,10 @@ def _start_pulse(cfg: Config, store: JobStore, backend: SlurmBackend,
 
         lost_now: list[set[str]] = []
         hub = Hub(job_id=args.job_id, attempt=args.attempt, node=args.node, nodes=nodes,
-                  settings=settings, signer=munge,
+                  settings=settings, signer=munge, on_sample=samples.heard,
                   on_lost=_loss_handler(cfg, store, backend, args, lost_now, len(nodes) - 1))
         lost_now.append(hub.lost)
+        samples.lost = hub.lost
         if hub.bind(host) is None:
             log.get().error("pulse.off", why=f"no port of [pulse] ports {cfg.pulse.ports} "
                             "in the job's sequence is free")
@@ -249,7 +372,7 @@ def _start_pulse(cfg: Config, store: JobStore, backend: SlurmBackend,
 
         beater = Beater(job_id=args.job_id, attempt=args.attempt, node=args.node,
                         hub_host=host, settings=settings, signer=munge,
-                        on_fence=_fencer(store, args, superseded))
+                        sample=samples.take, on_fence=_fencer(store, args, superseded))
         target = beater.run
 
     def run() -> None:

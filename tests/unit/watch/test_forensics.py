@@ -57,16 +57,6 @@ def test_off_the_majority_stands_apart_and_no_difference_names_none() -> None:
     assert fx.odd_ones([rank("a (x:1)", False, 1), rank("b (x:2)", False, 2)])[0] == []
 
 
-def test_launchers_and_helpers_are_not_ranks() -> None:
-    procs = [{"pid": 10, "ppid": 1, "cmd": "bash job.sh"},
-             {"pid": 11, "ppid": 10, "cmd": "python train.py"},
-             {"pid": 12, "ppid": 11, "cmd": "python -c from multiprocessing.spawn import x"},
-             {"pid": 13, "ppid": 11, "cmd": "python -c from multiprocessing.spawn import x"},
-             {"pid": 14, "ppid": 11,
-              "cmd": "python -c from multiprocessing.resource_tracker import main"}]
-    assert [p["pid"] for p in fx.leaves(procs)] == [12, 13]
-
-
 def test_the_jobs_processes_are_found_by_uid_and_job_id(stuck: subprocess.Popen[str]) -> None:
     mine = fx.job_processes("4242", os.getuid())
     assert [(p["pid"], p["rank"]) for p in mine] == [(stuck.pid, "3")]

@@ -1,0 +1,233 @@
+"""A node's sample of its job's ranks: where each one is, and whether it moves.
+
+Every ``[pulse] sample_interval`` the node's watcher (root) finds the job's ranks on its
+node from facts the user cannot forge (wrapper.watch.forensics.job_processes: the job
+user's processes whose environment names the job and this node), reads what the kernel
+counts for each (CPU time, bytes read and written, whether a thread waits on storage,
+summed over the rank and its helpers) and reads each rank's Python stack with py-spy **as
+the job's user** (``--nonblocking``: the rank is never paused). The sample travels to the
+job's first node over the pulse (wrapper/pulse/beat.py), where wrapper/pulse/judge.py
+judges the job's ranks together.
+
+Which processes are ranks (``pick_ranks``), on what the kernel says about them:
+
+- Python processes only (their executable's name says python): a shell, ``srun`` or a
+  ``sleep`` is never a rank, and has no Python stack to read.
+- A process that carries a distributed rank in its environment (``RANK``, ``PMI_RANK``,
+  ``OMPI_COMM_WORLD_RANK``) is the rank of that number when no ancestor of it carries the
+  same one; its descendants that do (DataLoader workers, compile workers) are its
+  helpers, and their CPU and I/O count as the rank's.
+- A job where no process carries one (``torch.multiprocessing.spawn`` passes the rank as
+  an argument): the Python processes without a Python child (the spawned ranks, not
+  their launcher), minus fork children that run their parent's command line
+  (DataLoader workers) and multiprocessing's helpers.
+- A launcher (``torchrun``'s agent, which carries no rank, or spawn's parent) is never a
+  rank: it waits by design.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from wrapper.watch.forensics import COLLECTIVE_FILES, COLLECTIVE_NAMES, FRAME_MAX, HELPERS
+
+RANK_VARS = (b"RANK", b"PMI_RANK", b"OMPI_COMM_WORLD_RANK")
+PROCS_MAX = 512  # the job's processes looked at on one node, at most
+RANKS_MAX = 64  # ranks sampled on one node, at most (their stacks cost ~7 ms of CPU each)
+# Where DDP waits for its gradients' all-reduce: the main thread, idle inside autograd's
+# backward (the reducer's collective runs from C++; the Python stack shows backward only).
+BACKWARD_FILES = ("torch/autograd/graph.py", "torch/autograd/__init__.py")
+# A rank still meeting its peers (init_process_group's rendezvous) is starting, not
+# waiting in a collective: a peer slow to start is no hang.
+STARTING_NAMES = frozenset({"init_process_group", "_store_based_barrier", "rendezvous",
+                            "_create_c10d_store", "_env_rendezvous_handler",
+                            "_tcp_rendezvous_handler", "next_rendezvous"})
+HELPER_CMDS = (*HELPERS, "torch._inductor.compile_worker", "torch/_inductor/compile_worker")
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _read(path: str, limit: int = 65536) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def describe(proc_root: str, pid: int) -> dict[str, Any] | None:
+    """What root reads of one process for the sample: its executable's name, its rank
+    variable (``NAME=value``, or ""), its command line, CPU seconds, bytes read and written,
+    and whether a thread of it waits on storage (state D). None when it is gone."""
+    base = f"{proc_root}/{pid}"
+    try:
+        exe = os.path.basename(os.readlink(f"{base}/exe"))
+    except OSError:
+        exe = ""
+    try:
+        env = _read(f"{base}/environ", 256 << 10).split(b"\0")
+        cmd = _read(f"{base}/cmdline", 4096)
+        stat = _read(f"{base}/stat", 4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    label = ""
+    for var in RANK_VARS:
+        hit = next((v for v in env if v.startswith(var + b"=")), None)
+        if hit is not None:
+            label = hit[:64].decode("ascii", "replace")
+            break
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        cpu = (int(fields[11]) + int(fields[12])) / TICK
+    except (IndexError, ValueError):
+        cpu = 0.0
+    io = 0
+    try:
+        for line in _read(f"{base}/io", 4096).decode("ascii", "replace").splitlines():
+            if line.startswith(("rchar:", "wchar:")):
+                io += int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    waits_on_storage = fields[:1] == ["D"] or _a_thread_in_d(base)
+    return {"exe": exe, "label": label, "cmd": cmd, "cpu": cpu, "io": io,
+            "d": waits_on_storage}
+
+
+def _a_thread_in_d(base: str) -> bool:
+    """Whether a thread of the process waits on storage (an uninterruptible sleep)."""
+    try:
+        tids = os.listdir(f"{base}/task")
+    except OSError:
+        return False
+    for tid in tids[:256]:
+        try:
+            stat = _read(f"{base}/task/{tid}/stat", 4096).decode("ascii", "replace")
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2:][:1] == "D":
+            return True
+    return False
+
+
+def pick_ranks(procs: Sequence[dict[str, Any]]) -> dict[int, list[int]]:
+    """``{rank pid: [its helpers' pids]}`` among ``procs`` (each with ``pid``, ``ppid``,
+    ``exe``, ``label``, ``cmd``); pure (see the module's doc)."""
+    by_pid = {p["pid"]: p for p in procs}
+    python = {p["pid"] for p in procs if "python" in p["exe"]}
+
+    def ancestors(pid: int) -> list[int]:
+        out, seen = [], {pid}
+        parent = by_pid[pid]["ppid"]
+        while parent in by_pid and parent not in seen:
+            out.append(parent)
+            seen.add(parent)
+            parent = by_pid[parent]["ppid"]
+        return out
+
+    ranks: dict[int, list[int]] = {}
+    labelled = [pid for pid in python if by_pid[pid]["label"]]
+    if labelled:
+        for pid in sorted(labelled):
+            label = by_pid[pid]["label"]
+            if not any(by_pid[a]["label"] == label for a in ancestors(pid)):
+                ranks[pid] = []
+    else:
+        def helper(pid: int) -> bool:
+            p = by_pid[pid]
+            parent = by_pid.get(p["ppid"])
+            cmd = p["cmd"].replace(b"\0", b" ").decode(errors="replace")
+            return any(h in cmd for h in HELPER_CMDS) or (
+                parent is not None and p["ppid"] in python and parent["cmd"] == p["cmd"])
+
+        helpers = {pid for pid in python if helper(pid)}
+        for pid in sorted(python - helpers):
+            children = {c for c in python - helpers if by_pid[c]["ppid"] == pid}
+            if not children:
+                ranks[pid] = []
+    for p in procs:  # every other job process belongs to its nearest rank ancestor
+        if p["pid"] in ranks:
+            continue
+        owner = next((a for a in ancestors(p["pid"]) if a in ranks), None)
+        if owner is not None:
+            ranks[owner].append(p["pid"])
+    return dict(sorted(ranks.items())[:RANKS_MAX])
+
+
+def where(threads: Any, pid: int) -> dict[str, Any]:
+    """From py-spy's JSON: whether the main thread waits in a collective, whether it was on
+    a CPU, its innermost frame, and a signature of its whole stack (for "it moved")."""
+    if not isinstance(threads, list) or not threads:
+        return {"err": "no thread"}
+    main = next((t for t in threads if isinstance(t, dict) and t.get("os_thread_id") == pid),
+                threads[0])
+    frames = [f for f in (main.get("frames") or []) if isinstance(f, dict)][:40]
+    idle = not main.get("active", True)
+    files = [str(f.get("filename", "")) for f in frames]
+    names = [str(f.get("name", "")) for f in frames]
+    coll = any(any(c in fn for c in COLLECTIVE_FILES) for fn in files) or \
+        any(n in COLLECTIVE_NAMES for n in names) or \
+        (idle and any(any(b in fn for b in BACKWARD_FILES) for fn in files))
+    if any(n in STARTING_NAMES for n in names):
+        coll = False
+    text = [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
+            for f in frames]
+    sig = hashlib.blake2b("\n".join(text).encode(errors="replace"), digest_size=6).hexdigest()
+    at = "".join(c if c.isprintable() else "?" for c in (text[0] if text else ""))[:FRAME_MAX]
+    return {"coll": coll, "idle": idle, "sig": sig, "at": at}
+
+
+class NodeSampler:
+    """One node's sampler: ``sample()`` is called by the watcher's sampling thread."""
+
+    def __init__(self, *, job_id: str, node: str, uid: int, gid: int,
+                 proc_root: str = "/proc") -> None:
+        self.job_id, self.node, self.uid, self.gid = job_id, node, uid, gid
+        self.proc_root = proc_root
+        self.spent = 0.0  # CPU seconds this sampler's stack readers cost (children)
+
+    def sample(self, budget: float) -> dict[str, Any]:
+        """This node's sample, read within about ``budget`` seconds; never raises."""
+        from wrapper.errors import JobwrapError
+        from wrapper.osl.child import call_as
+        from wrapper.osl.users import UserIds
+        from wrapper.watch.forensics import dump_stacks, job_processes, py_spy
+
+        now = time.time()
+        found = job_processes(self.job_id, self.uid, self.proc_root, node=self.node,
+                              limit=PROCS_MAX)
+        procs = []
+        for p in found:
+            facts = describe(self.proc_root, p["pid"])
+            if facts is not None:
+                procs.append({**p, **facts})
+        by_pid = {p["pid"]: p for p in procs}
+        ranks = pick_ranks(procs)
+        stacks: dict[str, Any] = {}
+        error = ""
+        if ranks:
+            before = os.times()
+            try:
+                stacks = call_as(UserIds.of(self.uid, self.gid), dump_stacks, py_spy(),
+                                 list(ranks), max(0.5, budget - 0.5), timeout=budget + 1.0)
+            except JobwrapError as exc:
+                error = str(exc)[:200]
+            after = os.times()
+            self.spent += (after.children_user - before.children_user) + \
+                (after.children_system - before.children_system)
+        out = []
+        for pid, helpers in ranks.items():
+            group = [by_pid[pid], *(by_pid[h] for h in helpers if h in by_pid)]
+            entry: dict[str, Any] = {
+                "pid": pid, "rank": by_pid[pid]["rank"] or "",
+                "cpu": round(sum(g["cpu"] for g in group), 2),
+                "io": sum(g["io"] for g in group), "d": any(g["d"] for g in group)}
+            got = stacks.get(str(pid), {})
+            if "threads" in got:
+                entry.update(where(got["threads"], pid))
+            else:
+                entry["err"] = str(got.get("error", error or "not read"))[:120]
+            out.append(entry)
+        return {"node": self.node, "t": round(now, 3), "ranks": out}
