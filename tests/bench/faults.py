@@ -4,10 +4,11 @@
   the job no longer RUNNING, in seconds, against ``gpu_interval`` (goal: <= 2 x it);
   anchor, alternating: the same job ``scancel``'ed by hand -> no longer RUNNING (the floor
   of Slurm itself, and of this poll);
-- hang-detect: a job printing a line every few seconds, then stuck: its last line -> the
-  job no longer RUNNING, as a multiple of the cadence the supervisor learned (the ``hang``
-  event's ``cadence_s``); goal: <= hang_k + 1. Anchor: the job's true cadence, from its
-  own lines' timestamps;
+- hang-cadence: the supervisor's own rule (tests/bench/hangs.py is the pulse's
+  hang-detect): a one-process job printing a line every few seconds, then stuck: its
+  last line -> the job no longer RUNNING, as a multiple of the cadence the supervisor
+  learned (the ``hang`` event's ``cadence_s``); goal: <= hang_k + 1. Anchor: the job's
+  true cadence, from its own lines' timestamps;
 - watch-cpu: a node watcher's CPU share (its scontrol children included) while it
   follows a running GPU job for a minute, against a bare Python loop waking as often.
 """
@@ -169,7 +170,7 @@ def hang_detect_main(rounds: int = 3, lines: int = 4, period: float = 6.0) -> in
     shown = "; ".join(f"{e:.1f} s / learned {c:.1f} s (true {t:.1f} s)" for e, c, t in runs)
     print(f"last progress line -> job ended: {shown}; median {m:.2f} x the learned cadence, "
           f"hang_k {k:g}")
-    return verdict("hang-detect", "x_cadence", m, "<=", k + 1)
+    return verdict("hang-cadence", "x_cadence", m, "<=", k + 1)
 
 
 def watch_cpu_main(seconds: float = 60) -> int:

@@ -1,10 +1,10 @@
 """Hang detection with no --hang-timeout, on a real 2-rank gloo DDP job (torch, CPU).
 
 Rank 1 stops before its all-reduce at step 4 of the first attempt while rank 0 waits
-inside it: no output, no checkpoint. The supervisor, which learned the job's cadence,
-must declare the hang (hang_k x cadence, not before hang_floor: too few steps to learn
-it), end the job, and the epilog
-must requeue it; the second attempt resumes from rank 0's checkpoint and finishes.
+inside it: no output, no checkpoint. The pulse's judge of the ranks' samples names rank 1
+after [pulse] hang_floor (15 s), before the supervisor's own hang_floor; the supervisor
+ends the job, and the epilog must requeue it; the second attempt resumes from rank 0's
+checkpoint and finishes.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ export PORT=$((20000 + SLURM_JOB_ID % 20000))
     assert "start=3" in output, output  # resumed from step 3's checkpoint
     events = cluster.events(job_id)
     hang = [e for e in events if e["event"] == "hang"]
-    assert len(hang) == 1 and hang[0]["learned"] is True, hang
+    assert len(hang) == 1 and hang[0]["found_by"] == "pulse", hang  # before hang_floor
     ends = [(e["attempt"], e["kind"], e["decision"]) for e in events
             if e["event"] == "attempt.end" and e["source"] == "root"]
     assert ends == [(0, "hang", "requeue"), (1, "success", "done")], ends
@@ -92,6 +92,8 @@ def _check_forensics(cluster: Cluster, job_id: str, events: list[dict[str, objec
         i for i, line in enumerate(TRAIN.splitlines(), 1) if "time.sleep(100000)" in line)) + ")"
     named = [e for e in events if e["event"] == "hang.forensics" and e["source"] == "root"]
     assert len(named) == 1 and named[0]["attempt"] == 0, named
+    [found] = [e for e in events if e["event"] == "pulse.hang"]
+    assert len(found["stuck"]) == 1 and stuck_at in found["stuck"][0], found
     odd = named[0]["odd"]
     assert isinstance(odd, list) and len(odd) == 1 and stuck_at in odd[0], named
     assert "1 of 2 ranks wait inside a collective" in str(named[0]["why"]), named

@@ -38,10 +38,11 @@ ENDED = "ended"
 MAX_IN_PLACE = 100  # jobwrap run's restarts kept per attempt (its word: bounded)
 _INCIDENTS = (ev.Hang, ev.GpuFault, ev.WalltimeSignal, ev.DirectivesInvalid,
               ev.PrologUnhealthy, ev.CheckpointSuspect, ev.ResumeChosen, ev.HangForensics,
-              ev.PulseLost, ev.PulseDown, ev.PulseFenced)
+              ev.PulseLost, ev.PulseDown, ev.PulseFenced, ev.PulseHang)
 # what only root's hooks record
 _ROOT_ONLY = (ev.DirectivesInvalid, ev.PrologUnhealthy, ev.CheckpointSuspect,
-              ev.ResumeChosen, ev.HangForensics, ev.PulseLost, ev.PulseDown, ev.PulseFenced)
+              ev.ResumeChosen, ev.HangForensics, ev.PulseLost, ev.PulseDown, ev.PulseFenced,
+              ev.PulseHang)
 
 
 @dataclass
@@ -240,6 +241,9 @@ def _incident(event: ev.Event) -> str:
     if isinstance(event, ev.PulseDown):
         return f"{event.lost} " + (f"left up: {event.error}" if event.error
                                    else "set DOWN in Slurm")
+    if isinstance(event, ev.PulseHang):
+        return f"hang: stuck {event.held_s:g} s ({event.why}); " + \
+            ("; ".join(event.stuck) or "no rank stands apart")
     if isinstance(event, ev.PulseFenced):
         return f"{event.node or 'a node'} fenced itself ({event.why}): " \
                f"{event.killed} process(es) of the job killed"

@@ -56,3 +56,4 @@ def act(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend,
         from wrapper.watch.forensics import conclude
 
         conclude(store.state, ctx.job_id, ctx.attempt, record.stdout, outcome.user)
+

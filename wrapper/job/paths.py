@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 EVENTS = "events.jsonl"
 USER_EVENTS = "user-events.jsonl"
 SUPERVISOR_FACTS = "supervisor-facts.jsonl"
+PULSE_HANG_FILE = "pulse-hang.json"  # the pulse judge's hang verdict, for the supervisor
 RECORD = "job.json"
 BATCH_SCRIPT = "batch-script.sh"
 SUPERVISOR_LOG = "supervisor.log"

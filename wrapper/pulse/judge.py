@@ -1,6 +1,6 @@
 """The job's ranks judged together: a hang called in seconds, and only a hang.
 
-The first node's watcher gets every node's sample (wrapper/pulse/ranks.py) each
+The first node's watcher gets every node's sample (wrapper/watch/ranks.py) each
 ``[pulse] sample_interval``, its own and, over the pulse, the other nodes'. A rank *moved*
 between two samples when its CPU time (with its helpers') grew by more than
 ``CPU_QUIET`` of a CPU, its bytes read or written changed, its Python stack changed, or a
@@ -152,3 +152,4 @@ def _named(node: str, rank: dict[str, Any]) -> dict[str, Any]:
 def label(stuck: dict[str, Any]) -> str:
     who = f"rank {stuck['rank']}" if stuck.get("rank") else "a rank"
     return f"{who} (pid {stuck.get('pid')} on {stuck.get('node')}) at {stuck.get('at')}"
+

@@ -8,7 +8,7 @@ of the job's first node). Lines, each at most ``LINE_MAX`` bytes:
   each side accepts the other only when munged says root encoded it for this job and
   attempt (and, at the hub, for one of the job's nodes);
 - ``B <seq>`` (a beat, every ``[pulse] interval``) and the hub's ``A <seq>`` (its ack);
-- ``S <json>`` (the node's sample of its ranks, wrapper/pulse/ranks.py, every
+- ``S <json>`` (the node's sample of its ranks, wrapper/watch/ranks.py, every
   ``[pulse] sample_interval``, at most ``SAMPLE_MAX`` bytes);
 - ``FENCED`` from the hub (this node was judged lost: stop the job's processes) and
   ``END`` (the hub stops: the attempt is over, fence nothing).

@@ -126,8 +126,8 @@ def supervise(job_id: str, cfg: Config) -> int:
     def run_restarts() -> int:
         return JobStore(state).run_restarts(attempt)
 
+    from wrapper.job.paths import PULSE_HANG_FILE
     from wrapper.submit.directives import allowed_restarts
-    from wrapper.watch.process import PULSE_HANG_FILE
 
     options = record.job_options
     may_requeue = cfg.supervisor.walltime_requeue and not options.no_requeue and \

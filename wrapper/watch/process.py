@@ -19,6 +19,7 @@ from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError, format_of
 from wrapper.job import events as ev
+from wrapper.job.paths import PULSE_HANG_FILE
 from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext
@@ -36,7 +37,6 @@ MODULE = "wrapper.watch"  # in its command line: the epilog checks it before it 
 WATCH_ASK_EVERY = 600.0  # seconds between a watcher's asks to slurmctld (see run())
 PULSE_NICE = -10  # the pulse's thread, above the job's ranks (0) on a starved CPU
 TICK_MAX = 1.0  # seconds between two looks of the watcher's loop, at most
-PULSE_HANG_FILE = "pulse-hang.json"  # the judge's verdict, for the supervisor
 
 
 def start(ctx: JobContext, cfg: Config, state: JobState,
@@ -171,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     on_fault = _fault_handler(store, backend, args)
 
     sup = cfg.supervisor
-    forensics = _forensics_reader(cfg, store, args, gpus)
+    samples = _Samples(args)
+    forensics = _forensics_reader(cfg, store, args, gpus, samples)
 
     from wrapper.watch.keeper import SupervisorKeeper
 
@@ -191,7 +192,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                       job_state=job_state, superseded=superseded, on_fault=on_fault,
                       forensics=forensics, keep=keep,
                       clock=time.monotonic)
-    samples = _Samples(args)
     pulse = _start_pulse(cfg, store, backend, args, superseded, samples)
     sampler = _start_sampler(cfg, store, args, samples, pulse)
     try:
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class _Samples:
-    """The newest sample of each node's ranks (wrapper/pulse/ranks.py): on the job's first
+    """The newest sample of each node's ranks (wrapper/watch/ranks.py): on the job's first
     node every node's, as they arrive (the hub's thread puts, the sampler's judges); on the
     others this node's own, for its beat to carry once."""
 
@@ -261,7 +261,7 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
     import time
 
     from wrapper.pulse.judge import HangJudge
-    from wrapper.pulse.ranks import NodeSampler
+    from wrapper.watch.ranks import NodeSampler
 
     interval = cfg.pulse.sample_interval
     sampler = NodeSampler(job_id=args.job_id, node=args.node, uid=args.uid, gid=args.gid)
@@ -273,13 +273,16 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
         while not stopping.is_set():
             started = time.monotonic()
             sample = sampler.sample(budget=interval)
-            sample["spent"] = round(sampler.spent, 3)
+            log.get().debug("pulse.sampled", ranks=len(sample["ranks"]),
+                            seconds=round(time.monotonic() - started, 3),
+                            spent_s=round(sampler.spent, 3))
             if judge is None:
                 samples.send(sample)
             else:
                 samples.put(args.node, sample)
-                verdict = judge.round(time.monotonic(), samples.snapshot(),
-                                      [n for n in nodes if n not in samples.lost])
+                now, seen = time.monotonic(), samples.snapshot()
+                alive = [n for n in nodes if n not in samples.lost]
+                verdict = judge.round(now, seen, alive)
                 if verdict is not None:
                     _hang_found(store, args, verdict)
             stopping.wait(max(0.2, interval - (time.monotonic() - started)))
@@ -444,7 +447,7 @@ def _fencer(store: JobStore, args: argparse.Namespace, superseded: Callable[[], 
     from here: nothing is asked of it."""
 
     def fence(silent: float, why: str) -> None:
-        from wrapper.watch.forensics import job_processes
+        from wrapper.watch.procs import job_processes
 
         killed = 0
         if args.uid > 0 and not superseded():
@@ -517,8 +520,11 @@ def _fault_handler(store: JobStore, backend: SlurmBackend, args: argparse.Namesp
 
 
 def _forensics_reader(cfg: Config, store: JobStore, args: argparse.Namespace,
-                      gpus: list[int]) -> Callable[[], None]:
-    """The node's part of a hang's forensics, once the supervisor asks for it."""
+                      gpus: list[int], samples: _Samples) -> Callable[[], None]:
+    """The node's part of a hang's forensics, once the supervisor asks for it (its fact is
+    in this node's state folder: the job's first node's). There, every other node's part
+    is its newest pulse sample (each rank's frame and whether it waits in a collective,
+    a few seconds old): no node reads another's folder."""
     from wrapper.watch import forensics as fx
 
     trigger = fx.Trigger(store.state, args.attempt)
@@ -536,5 +542,21 @@ def _forensics_reader(cfg: Config, store: JobStore, args: argparse.Namespace,
             ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",
                                           "in_collective", "error")} for r in found["ranks"]],
             problems=found["problems"], seconds=found["seconds"]))
+        import time
+
+        now = time.monotonic()
+        for node, (heard, sample) in sorted(samples.snapshot().items()):
+            if node == args.node:
+                continue
+            listed = sample.get("ranks")
+            ranks = [r for r in listed if isinstance(r, dict)] \
+                if isinstance(listed, list) else []
+            store.record(ev.WatchForensics(
+                attempt=args.attempt, node=node,
+                ranks=[{"node": node, "pid": r.get("pid"), "rank": r.get("rank") or None,
+                        "signature": r.get("at", ""), "in_collective": bool(r.get("coll")),
+                        "error": r.get("err")} for r in ranks],
+                problems=[f"read from the node's pulse sample, {now - heard:.1f} s old"],
+                seconds=0.0))
 
     return forensics

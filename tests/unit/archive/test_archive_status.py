@@ -168,9 +168,13 @@ def test_the_pulse_is_told_from_roots_events_only() -> None:
              "reason": "jobwrap: lost", "error": "", "source": source},
             {"ts": 5, "event": "pulse.fenced", "attempt": 0, "node": "n3", "silent_s": 4.6,
              "why": "no ack from the hub", "killed": 2, "source": source},
+            {"ts": 6, "event": "pulse.hang", "attempt": 0, "node": "n1", "held_s": 15.0,
+             "stuck": ["rank 1 (pid 9 on n3) at main (t.py:4)"], "why": "1 of 2 ranks wait",
+             "source": source},
         ]
 
     assert summarized(facts("root"))[0].incidents == [
         "n2 lost: no heartbeat for 4.52 s", "n2 set DOWN in Slurm",
-        "n3 fenced itself (no ack from the hub): 2 process(es) of the job killed"]
+        "n3 fenced itself (no ack from the hub): 2 process(es) of the job killed",
+        "hang: stuck 15 s (1 of 2 ranks wait); rank 1 (pid 9 on n3) at main (t.py:4)"]
     assert summarized(facts("user"))[0].incidents == []  # the user's words are no loss

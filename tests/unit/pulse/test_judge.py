@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from wrapper.pulse.judge import HangJudge, Verdict
-from wrapper.pulse.ranks import pick_ranks, where
+from wrapper.watch.ranks import pick_ranks, where
 
 STEP = 3.0
 
@@ -208,3 +208,11 @@ def test_a_rank_meeting_its_peers_is_starting_not_waiting() -> None:
     assert where([{"os_thread_id": 5, "active": False, "frames": stack}], 5)["coll"] is False
     stack = frames(("barrier", "/v/torch/distributed/distributed_c10d.py"))
     assert where([{"os_thread_id": 5, "active": False, "frames": stack}], 5)["coll"] is True
+
+
+def test_a_rank_waiting_on_its_data_loaders_queue_is_not_in_a_collective() -> None:
+    stack = frames(("wait", "/usr/lib/python3.11/threading.py"),
+                   ("get", "/usr/lib/python3.11/multiprocessing/queues.py"),
+                   ("_next_data", "/v/torch/utils/data/dataloader.py"))
+    assert where([{"os_thread_id": 5, "active": False, "frames": stack}], 5)["coll"] is False
+

@@ -20,7 +20,7 @@ from wrapper.pulse import Settings, munge
 from wrapper.pulse.beat import Beater
 from wrapper.pulse.hub import Hub
 from wrapper.pulse.judge import HangJudge
-from wrapper.pulse.ranks import NodeSampler
+from wrapper.watch.ranks import NodeSampler
 
 JOB = "515151"
 WAITS = "import time\ndef barrier():\n    time.sleep(600)\nbarrier()\n"  # named as a collective

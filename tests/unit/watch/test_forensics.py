@@ -113,7 +113,7 @@ def test_the_watcher_is_asked_once_by_the_supervisors_hang_fact(tmp_path: Path) 
 
 
 def test_rank_labels_are_bounded() -> None:
-    from wrapper.watch.forensics import LABEL_MAX, rank_label
+    from wrapper.watch.procs import LABEL_MAX, rank_label
 
     assert rank_label(b"3") == "3"
     assert len(rank_label(b"R" * 131000)) <= LABEL_MAX + 5

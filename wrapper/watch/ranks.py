@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from wrapper.watch.forensics import COLLECTIVE_FILES, COLLECTIVE_NAMES, FRAME_MAX, HELPERS
+from wrapper.watch.procs import COLLECTIVE_FILES, COLLECTIVE_NAMES, FRAME_MAX, HELPERS
 
 RANK_VARS = (b"RANK", b"PMI_RANK", b"OMPI_COMM_WORLD_RANK")
 PROCS_MAX = 512  # the job's processes looked at on one node, at most
@@ -46,6 +46,10 @@ BACKWARD_FILES = ("torch/autograd/graph.py", "torch/autograd/__init__.py")
 STARTING_NAMES = frozenset({"init_process_group", "_store_based_barrier", "rendezvous",
                             "_create_c10d_store", "_env_rendezvous_handler",
                             "_tcp_rendezvous_handler", "next_rendezvous"})
+# Named like a collective: a frame of the user's own code or of a framework outside
+# COLLECTIVE_FILES. Not "wait": threading's and multiprocessing's waits are everywhere a
+# rank waits for anything (its data loader's queue).
+WAIT_NAMES = COLLECTIVE_NAMES - {"wait"}
 HELPER_CMDS = (*HELPERS, "torch._inductor.compile_worker", "torch/_inductor/compile_worker")
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -168,7 +172,7 @@ def where(threads: Any, pid: int) -> dict[str, Any]:
     files = [str(f.get("filename", "")) for f in frames]
     names = [str(f.get("name", "")) for f in frames]
     coll = any(any(c in fn for c in COLLECTIVE_FILES) for fn in files) or \
-        any(n in COLLECTIVE_NAMES for n in names) or \
+        any(n in WAIT_NAMES for n in names) or \
         (idle and any(any(b in fn for b in BACKWARD_FILES) for fn in files))
     if any(n in STARTING_NAMES for n in names):
         coll = False
@@ -193,7 +197,7 @@ class NodeSampler:
         from wrapper.errors import JobwrapError
         from wrapper.osl.child import call_as
         from wrapper.osl.users import UserIds
-        from wrapper.watch.forensics import dump_stacks, job_processes, py_spy
+        from wrapper.watch.procs import dump_stacks, job_processes, py_spy
 
         now = time.time()
         found = job_processes(self.job_id, self.uid, self.proc_root, node=self.node,
