@@ -373,7 +373,9 @@ def _gpu(procs: list[ProcessSample], policy: Policy, gpu_pids: Collection[int]) 
 
 
 def _ai(procs: list[ProcessSample], policy: Policy) -> list[Finding]:
-    ai = [p for p in procs if p.signature or p.ai_library]
+    # a launcher's signature (torchrun, deepspeed) tells more than a library loaded: first
+    ai = sorted((p for p in procs if p.signature or p.ai_library),
+                key=lambda p: (not p.signature, p.pid))
     if not ai:
         return []
     parts = []

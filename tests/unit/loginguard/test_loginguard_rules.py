@@ -183,6 +183,13 @@ def test_ai_rule_by_signature_or_library_and_never_the_guard_itself() -> None:
     assert "runs torchrun" in finding.seen and "has libcudart.so.12 loaded" in finding.seen
 
 
+def test_a_launcher_is_told_before_many_processes_with_a_library_loaded() -> None:
+    loaded = [sample(pid, "python3", ai_library="torch") for pid in range(1, 9)]
+    [finding] = evaluate(snapshot(*loaded, sample(50, "torchrun", signature="torchrun")),
+                         policy(), set())
+    assert finding.seen.startswith("AI workload on a login node: 50 torchrun (runs torchrun)")
+
+
 def test_accounts_never_touched() -> None:
     p = policy(min_uid=1000, exempt_users=("alice",), exempt_groups=(grp.getgrgid(0).gr_name,))
     assert p.ignores_account(0, "root", [])
