@@ -146,10 +146,7 @@ def keep_results(ctx: JobContext, cfg: Config, state: JobState, record: JobRecor
                                           until=round(until), problems=problems[:20]))
     log.get().error("staging.results_kept", path=str(kept), until=shown_until,
                     problems=problems[:10])
-    if not record.stdout:
-        return
-    from wrapper.osl.child import call_as
-    from wrapper.osl.files import append_text_line as append_line
+    from wrapper.job.output import tell
 
     why = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
                                      if len(problems) > 3 else "")
@@ -157,10 +154,7 @@ def keep_results(ctx: JobContext, cfg: Config, state: JobState, record: JobRecor
                f"{why}. Nothing was deleted: everything the job left in its scratch is kept "
                f"on node {ctx.node} in {kept} (readable by you and root only) until "
                f"{shown_until}; copy it from there (e.g. srun -w {ctx.node} ...) before then.")
-    try:
-        call_as(_user(record), append_line, record.stdout, message)
-    except JobwrapError as exc:
-        log.get().warning("staging.kept_untold", error=str(exc))
+    tell(record.stdout, _user(record), message, event="staging.kept_untold")
 
 
 def prune_kept(cfg: Config) -> None:

@@ -8,9 +8,10 @@ its own stalls: when its loop itself was held up (a frozen watcher, a starved CP
 time it lost is added to every node's silence budget instead of charged to the nodes.
 
 Nothing slow runs in the loop that reads beats and sends acks: each hello's credential
-is checked by munged (which another user can keep busy) and every log line is written
-(to a disk that can stall) by a worker thread of the hub's own; a slow munged only
-delays a join, never an ack.
+is checked by munged (which another user can keep busy), every node's sample of its
+ranks is handed on (parsed there) and every log line is written (to a disk that can
+stall) by a worker thread of the hub's own; a slow munged only delays a join, never an
+ack.
 
 On a loss it tells the node ``FENCED`` should it ever speak again and calls ``on_lost``
 once (in a thread of its own: the watcher records root's ``pulse.lost``, waits out the
@@ -123,11 +124,14 @@ class Hub:
                 if what == "log":
                     level, event, fields = value
                     getattr(log.get(), level)(event, **fields)
+                elif what == "sample":
+                    if self.on_sample is not None:
+                        self.on_sample(*value)
                 else:
                     conn, line = value
                     self._verdicts.put((conn, *self._verify(line)))
             except Exception as exc:  # the worker outlives any one item
-                if what != "log":
+                if what == "hello":
                     self._verdicts.put((value[0], None, b""))
                 with contextlib.suppress(Exception):
                     log.get().error("pulse.worker_error", error=str(exc)[:300])
@@ -264,8 +268,8 @@ class Hub:
             self._send(conn, b"A " + line[2:22] + b"\n")
             return True
         if line.startswith(b"S ") and len(line) <= SAMPLE_MAX:
-            if self.on_sample is not None:
-                self.on_sample(conn.node, line[2:])
+            if self.on_sample is not None:  # parsed by the worker: never delays an ack
+                self._work.put(("sample", (conn.node, line[2:])))
             return True
         if line == b"FENCING":  # it lost the hub (this one was held up): a departure
             self.note("warning", "pulse.fenced_itself", fenced_node=conn.node)

@@ -106,14 +106,10 @@ def in_place_hint(verdict: Classification, decision: Decision, *, used_run: bool
 def tell_the_job(ctx: JobContext, record: JobRecord, user: UserIds, verdict: Classification,
                  decision: Decision, hint: str = "") -> None:
     """One line in the job's own output: what ended the attempt and what happens next."""
-    if decision.action == "done" or not record.stdout:
+    if decision.action == "done":
         return
-    from wrapper.osl.child import call_as
-    from wrapper.osl.files import append_text_line
+    from wrapper.job.output import tell
 
-    message = f"jobwrap: attempt {ctx.attempt} ended: {verdict.kind} ({verdict.detail}). " \
-              f"{'Requeued' if decision.requeue else 'Not requeued'}: {decision.reason}{hint}"
-    try:
-        call_as(user, append_text_line, record.stdout, message, timeout=USER_IO_TIMEOUT)
-    except JobwrapError as exc:
-        log.get().warning("epilog.output_unwritable", error=str(exc))
+    tell(record.stdout, user, f"jobwrap: attempt {ctx.attempt} ended: {verdict.kind} "
+         f"({verdict.detail}). {'Requeued' if decision.requeue else 'Not requeued'}: "
+         f"{decision.reason}{hint}", timeout=USER_IO_TIMEOUT)

@@ -177,7 +177,6 @@ def conclude(state: Any, job_id: str, attempt: int, stdout: str, user: Any) -> s
     """First node's epilog: name the odd rank(s) from every node's ``watch.forensics``.
 
     Records ``hang.forensics`` (root) and tells the job's output; returns the message."""
-    from wrapper.errors import JobwrapError
     from wrapper.job.store import JobStore
 
     store = JobStore(state)
@@ -194,14 +193,9 @@ def conclude(state: Any, job_id: str, attempt: int, stdout: str, user: Any) -> s
     message = ("jobwrap: hang forensics of attempt " f"{attempt}: " +
                (f"standing apart: {'; '.join(names)} ({why})" if names else why) +
                f". Every rank's stack is in the archive (jobwrap archive show {job_id}).")
-    if stdout:
-        from wrapper.osl.child import call_as
-        from wrapper.osl.files import append_text_line
+    from wrapper.job.output import tell
 
-        try:
-            call_as(user, append_text_line, stdout, message, timeout=10.0)
-        except JobwrapError as exc:
-            log.get().warning("epilog.output_unwritable", error=str(exc))
+    tell(stdout, user, message)
     return message
 
 

@@ -15,6 +15,7 @@ MAX_FRAMES = 40
 LABEL_MAX = 16  # characters of a rank label taken from a process's environment
 FRAME_MAX = 240  # characters of one frame's text (function and file names are the user's)
 PROC_READ_MAX = 256 << 10
+RANK_VARS = (b"RANK", b"PMI_RANK", b"OMPI_COMM_WORLD_RANK")  # the first set names the rank
 DUMP_TIMEOUT = 5.0  # one process's dump; a process that blocks py-spy costs this, no more
 # The helpers multiprocessing starts beside the ranks: never a rank.
 HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver",
@@ -57,14 +58,17 @@ def job_processes(job_id: str, uid: int, proc: str = "/proc", *, node: str | Non
                     v.startswith(b"SLURMD_NODENAME=") and v != b"SLURMD_NODENAME=" + node.encode()
                     for v in env)):
                 continue
-            cmd = _read_proc(f"{proc}/{pid}/cmdline").replace(b"\0", b" ")
+            argv = _read_proc(f"{proc}/{pid}/cmdline")[:4096]
         except (OSError, ValueError):
             continue  # gone, or not readable: not a candidate
         values = dict(v.split(b"=", 1) for v in env if b"=" in v)
-        rank = next((rank_label(values[k]) for k in (b"RANK", b"PMI_RANK",
-                     b"OMPI_COMM_WORLD_RANK") if k in values), None)
+        var = next((k for k in RANK_VARS if k in values), None)
+        cmd = argv.replace(b"\0", b" ")
         found.append({"pid": pid, "ppid": int(fields.get("PPid", "0").strip() or 0),
-                      "rank": rank,
+                      "rank": rank_label(values[var]) if var else None,
+                      # the rank variable as NAME=value (the samples' picking), raw argv
+                      "label": (var + b"=" + values[var])[:64].decode("ascii", "replace")
+                      if var else "", "argv": argv,
                       "cmd": _printable(cmd[:800].decode(errors="replace").strip())[:200]})
         if limit is not None and len(found) >= limit:
             break

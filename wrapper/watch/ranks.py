@@ -35,7 +35,6 @@ from typing import Any
 
 from wrapper.watch.procs import COLLECTIVE_FILES, COLLECTIVE_NAMES, FRAME_MAX, HELPERS
 
-RANK_VARS = (b"RANK", b"PMI_RANK", b"OMPI_COMM_WORLD_RANK")
 PROCS_MAX = 512  # the job's processes looked at on one node, at most
 RANKS_MAX = 64  # ranks sampled on one node, at most (their stacks cost ~7 ms of CPU each)
 # Where DDP waits for its gradients' all-reduce: the main thread, idle inside autograd's
@@ -63,26 +62,20 @@ def _read(path: str, limit: int = 65536) -> bytes:
 
 
 def describe(proc_root: str, pid: int) -> dict[str, Any] | None:
-    """What root reads of one process for the sample: its executable's name, its rank
-    variable (``NAME=value``, or ""), its command line, CPU seconds, bytes read and written,
-    and whether a thread of it waits on storage (state D). None when it is gone."""
+    """What root reads of one job process for the sample, beyond what ``job_processes``
+    read (its rank variable, its command line): its executable's name, CPU seconds, bytes
+    read and written, whether a thread of it waits on storage (state D), and its main
+    thread's time on a CPU plus waiting for one (``busy``: schedstat's run time and run
+    delay, which a CPU quota's throttling adds to). None when it is gone."""
     base = f"{proc_root}/{pid}"
     try:
         exe = os.path.basename(os.readlink(f"{base}/exe"))
     except OSError:
         exe = ""
     try:
-        env = _read(f"{base}/environ", 256 << 10).split(b"\0")
-        cmd = _read(f"{base}/cmdline", 4096)
         stat = _read(f"{base}/stat", 4096).decode("ascii", "replace")
     except OSError:
         return None
-    label = ""
-    for var in RANK_VARS:
-        hit = next((v for v in env if v.startswith(var + b"=")), None)
-        if hit is not None:
-            label = hit[:64].decode("ascii", "replace")
-            break
     fields = stat[stat.rfind(")") + 2:].split()
     try:
         cpu = (int(fields[11]) + int(fields[12])) / TICK
@@ -95,9 +88,14 @@ def describe(proc_root: str, pid: int) -> dict[str, Any] | None:
                 io += int(line.split()[1])
     except (OSError, ValueError):
         pass
+    busy = 0.0
+    try:
+        run_ns, delay_ns = _read(f"{base}/schedstat", 256).split()[:2]
+        busy = (int(run_ns) + int(delay_ns)) / 1e9
+    except (OSError, ValueError):
+        pass
     waits_on_storage = fields[:1] == ["D"] or _a_thread_in_d(base)
-    return {"exe": exe, "label": label, "cmd": cmd, "cpu": cpu, "io": io,
-            "d": waits_on_storage}
+    return {"exe": exe, "cpu": cpu, "io": io, "d": waits_on_storage, "busy": busy}
 
 
 def _a_thread_in_d(base: str) -> bool:
@@ -118,7 +116,7 @@ def _a_thread_in_d(base: str) -> bool:
 
 def pick_ranks(procs: Sequence[dict[str, Any]]) -> dict[int, list[int]]:
     """``{rank pid: [its helpers' pids]}`` among ``procs`` (each with ``pid``, ``ppid``,
-    ``exe``, ``label``, ``cmd``); pure (see the module's doc)."""
+    ``exe``, ``label``, ``argv``); pure (see the module's doc)."""
     by_pid = {p["pid"]: p for p in procs}
     python = {p["pid"] for p in procs if "python" in p["exe"]}
 
@@ -142,9 +140,9 @@ def pick_ranks(procs: Sequence[dict[str, Any]]) -> dict[int, list[int]]:
         def helper(pid: int) -> bool:
             p = by_pid[pid]
             parent = by_pid.get(p["ppid"])
-            cmd = p["cmd"].replace(b"\0", b" ").decode(errors="replace")
+            cmd = p["argv"].replace(b"\0", b" ").decode(errors="replace")
             return any(h in cmd for h in HELPER_CMDS) or (
-                parent is not None and p["ppid"] in python and parent["cmd"] == p["cmd"])
+                parent is not None and p["ppid"] in python and parent["argv"] == p["argv"])
 
         helpers = {pid for pid in python if helper(pid)}
         for pid in sorted(python - helpers):
@@ -227,7 +225,8 @@ class NodeSampler:
             entry: dict[str, Any] = {
                 "pid": pid, "rank": by_pid[pid]["rank"] or "",
                 "cpu": round(sum(g["cpu"] for g in group), 2),
-                "io": sum(g["io"] for g in group), "d": any(g["d"] for g in group)}
+                "io": sum(g["io"] for g in group), "d": any(g["d"] for g in group),
+                "busy": round(by_pid[pid]["busy"], 3)}
             got = stacks.get(str(pid), {})
             if "threads" in got:
                 entry.update(where(got["threads"], pid))

@@ -156,7 +156,7 @@ def test_ranks_busy_inside_a_collective_are_no_hang() -> None:
 # -- which processes are ranks --------------------------------------------------------------
 def proc(pid: int, ppid: int, exe: str = "python3.11", label: str = "",
          cmd: bytes = b"python\0train.py") -> dict[str, Any]:
-    return {"pid": pid, "ppid": ppid, "exe": exe, "label": label, "cmd": cmd}
+    return {"pid": pid, "ppid": ppid, "exe": exe, "label": label, "argv": cmd}
 
 
 def test_torchruns_workers_are_the_ranks_with_their_data_loaders() -> None:

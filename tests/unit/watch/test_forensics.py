@@ -59,7 +59,8 @@ def test_off_the_majority_stands_apart_and_no_difference_names_none() -> None:
 
 def test_the_jobs_processes_are_found_by_uid_and_job_id(stuck: subprocess.Popen[str]) -> None:
     mine = fx.job_processes("4242", os.getuid())
-    assert [(p["pid"], p["rank"]) for p in mine] == [(stuck.pid, "3")]
+    assert [(p["pid"], p["rank"], p["label"]) for p in mine] == [(stuck.pid, "3", "RANK=3")]
+    assert mine[0]["argv"].split(b"\0")[:2] == [sys.executable.encode(), b"-c"]
     assert fx.job_processes("4242", os.getuid() + 4321) == []  # someone else's uid
     assert fx.job_processes("424", os.getuid()) == []  # a prefix is not the job id
 
