@@ -362,6 +362,15 @@ class PulseConfig(Section):
     hang_k: float = _opt(2.0, "A hang is also never called before hang_k x the longest "
                          "stretch the job was stuck and then went on by itself.",
                          positive=True)
+    slow_below: float = _opt(0.85, "A node whose speed score (the job's typical rank's CPU "
+                             "demand over its ranks'; 1.0 = as fast) stays under this for "
+                             "slow_hold seconds is named slow: root's pulse.slow, the "
+                             "job's output, jobwrap status and report, the metrics. 0: "
+                             "never.", non_negative=True)
+    slow_window: float = _opt(60.0, "Seconds of each rank's CPU demand the speed score "
+                              "compares.", positive=True)
+    slow_hold: float = _opt(30.0, "Seconds a node's score must stay under slow_below before "
+                            "it is named.", non_negative=True)
 
 
 class RestartConfig(Section):
@@ -804,6 +813,14 @@ def _check_pulse(pulse: PulseConfig, problems: list[str]) -> None:
         problems.append(f"[pulse] hang_floor = {pulse.hang_floor:g}: expected at least 3 x "
                         f"sample_interval ({3 * pulse.sample_interval:g}): a hang is "
                         "judged on several samples, never one or two")
+    if pulse.slow_below >= 1.0:
+        problems.append(f"[pulse] slow_below = {pulse.slow_below:g}: expected under 1 (a "
+                        "score of 1.0 is as fast as the job's typical rank; 0.85 names a "
+                        "node ~18% slower), or 0 to name no node")
+    if pulse.slow_window < 3 * pulse.sample_interval:
+        problems.append(f"[pulse] slow_window = {pulse.slow_window:g}: expected at least 3 "
+                        f"x sample_interval ({3 * pulse.sample_interval:g}): a speed is "
+                        "judged over several samples")
     if pulse.lost_after < 3 * pulse.interval:
         problems.append(f"[pulse] lost_after = {pulse.lost_after:g}: expected at least 3 x "
                         f"interval ({3 * pulse.interval:g}): a node missing two beats is "

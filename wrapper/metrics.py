@@ -253,6 +253,17 @@ def record_failure(cfg: MetricsConfig, failure_class: str, *, requeued: bool,
     return _apply_quietly(cfg, changes)
 
 
+def record_slow_node(cfg: MetricsConfig, *, node: str, score: float) -> bool:
+    """A node the pulse named slow in a job: how often, and its score then."""
+    return _apply_quietly(cfg, [
+        Change("jobwrap_slow_node_total", "Jobs in which the pulse named the node slow "
+               "(its speed score under [pulse] slow_below).", "counter",
+               {labels(node=node): 1.0}, add=True),
+        Change("jobwrap_slow_node_score", "The node's speed score when the pulse last named "
+               "it slow (1.0 = as fast as the job's typical rank).", "gauge",
+               {labels(node=node): score})])
+
+
 def record_goodput(cfg: MetricsConfig, *, failure_class: str, productive_s: float,
                    wall_s: float, lost_s: float, gap: tuple[str, float] | None = None,
                    ended_ettr: float | None = None, node: str = "") -> bool:

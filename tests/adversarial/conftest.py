@@ -9,14 +9,16 @@ nothing leaks, nothing is lost.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from jobwrap_dev.sandbox import flavor
@@ -45,6 +47,29 @@ def rival(cluster: Cluster) -> UserIds:
     entry = pwd.getpwnam(RIVAL)
     assert entry.pw_gid == victim.pw_gid, f"{RIVAL} must share {cluster.spec.user}'s group"
     return UserIds.of(entry.pw_uid, entry.pw_gid)
+
+
+@contextlib.contextmanager
+def rival_claiming(rival: UserIds, job_id: str, node: str, rank: int,
+                   argv: list[str]) -> Iterator[set[int]]:
+    """The rival's process ``argv`` (run from /tmp) whose environment claims to be rank
+    ``rank`` of the job on ``node``, for the block; yields its pids (those this test
+    started, killed at the end)."""
+    forger = subprocess.Popen(["runuser", "-u", rival.name, "--", "env",
+                               f"SLURM_JOB_ID={job_id}", f"SLURMD_NODENAME={node}",
+                               f"RANK={rank}", *argv], cwd="/tmp")
+    forged: set[int] = set()
+    try:
+        time.sleep(1)
+        with contextlib.suppress(psutil.Error):
+            forged = {c.pid for c in psutil.Process(forger.pid).children(recursive=True)}
+        yield forged
+    finally:
+        with contextlib.suppress(psutil.Error):
+            for pid in forged:
+                psutil.Process(pid).kill()
+        forger.kill()
+        forger.wait()
 
 
 @dataclass

@@ -16,6 +16,7 @@ from tests.bench import (
     prolog_overhead,
     restart,
     staging,
+    straggler,
     submit_lua,
 )
 
@@ -38,6 +39,7 @@ BENCHMARKS = {
     "fault-detect": faults.fault_detect_main,
     "hang-detect": hangs.main,
     "hang-cadence": faults.hang_detect_main,
+    "straggler": straggler.main,
     "watch-cpu": faults.watch_cpu_main,
     "archive-scale": archive_scale.main,
     "node-loss": node_loss.main,

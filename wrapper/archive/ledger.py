@@ -84,6 +84,7 @@ class Attempt:
     # ended by jobwrap run's restart inside the allocation: ``kind`` is jobwrap run's word
     # (the job's user's), not root's verdict
     in_place: bool = False
+    slow: tuple[tuple[str, float], ...] = ()  # nodes the pulse named slow, their scores
 
     @property
     def fresh(self) -> bool:
@@ -107,6 +108,7 @@ class AttemptLedger:
     save_interval_s: float | None  # median seconds between its checkpoints
     restart: int = 0  # jobwrap run's restart inside Slurm attempt ``number``
     in_place: bool = False  # ended by that restart: ``kind`` is jobwrap run's word
+    slow: dict[str, float] = field(default_factory=dict)  # nodes named slow: their score
 
 
 @dataclass
@@ -157,7 +159,7 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
             first_progress=progress, ended_at=end, productive_s=kept_until - progress,
             lost_s=end - kept_until, gap_before_s=0.0, startup_s=0.0,
             checkpoints=len(points), save_interval_s=_median_interval(points),
-            restart=attempt.restart, in_place=attempt.in_place)
+            restart=attempt.restart, in_place=attempt.in_place, slow=dict(attempt.slow))
         # a restart in place's class is jobwrap run's word: kept apart from root's
         label = f"{IN_PLACE}{kind}" if attempt.in_place else kind
         if previous_end is None:
@@ -189,8 +191,10 @@ def account(attempts: Sequence[Attempt], *, now: float) -> Ledger:
 # What ``jobwrap report`` needs of an attempt, in this order: the archive index keeps
 # ledgers so, a few hundred bytes a job.
 _BRIEF = ("number", "kind", "nodes", "started_at", "ended_at", "productive_s", "lost_s",
-          "checkpoints", "restart", "in_place")
-_BRIEF_BEFORE_IN_PLACE = 8  # rows an index made before restarts in place were cut
+          "checkpoints", "restart", "in_place", "slow")
+# the lengths of rows older indexes made: before restarts in place were cut (8), before
+# slow nodes were named (10); a row's missing fields take their defaults
+_BRIEF_LENGTHS = frozenset({8, 10, len(_BRIEF)})
 
 
 def ledger_brief(ledger: Ledger) -> dict[str, Any]:
@@ -208,11 +212,13 @@ def ledger_from_brief(data: dict[str, Any]) -> Ledger:
     report`` makes a few hundred thousand of them, and the records' generic ``__init__``
     was half its time."""
     attempts = [_filled(AttemptLedger, _ATTEMPT_DEFAULTS,
-                        zip(_BRIEF[:_BRIEF_BEFORE_IN_PLACE] if len(row) ==
-                            _BRIEF_BEFORE_IN_PLACE else _BRIEF, row, strict=True))
+                        zip(_BRIEF[:len(row)] if len(row) in _BRIEF_LENGTHS else _BRIEF,
+                            row, strict=True))
                 for row in data.get("attempts") or []]
     for attempt in attempts:
         attempt.first_progress = attempt.started_at
+        if "slow" not in vars(attempt):
+            attempt.slow = {}  # a fresh dict each: never one default shared
     return _filled(Ledger, {"gap_s": 0.0, "startup_s": 0.0, "checkpoint_interval_s": None,
                             "save_s": None, "latest_checkpoint": None},
                    ((key, data[key]) for key in _LEDGER_BRIEF), attempts=attempts)
@@ -253,10 +259,15 @@ def from_summaries(summaries: Iterable[AttemptSummary | dict[str, Any]]) -> list
                                          str(path) if path else None))
         ended = _num(data.get("ended_at")) if data.get("status") == "ended" else None
         kind = data.get("outcome")
+        speed, named = data.get("speed"), data.get("slow")
+        slow = tuple((n, float(speed[n])) for n in named if isinstance(n, str)
+                     and isinstance(speed.get(n), int | float)) \
+            if isinstance(speed, dict) and isinstance(named, list) else ()
         out.extend(_in_place(Attempt(
             number=number, started_at=start, ended_at=ended, kind=str(kind) if kind else None,
             checkpoints=tuple(points), nodes=tuple(str(n) for n in data.get("nodes") or []),
-            resumed_step=previous_step if number > 0 else None), data.get("in_place")))
+            resumed_step=previous_step if number > 0 else None, slow=slow),
+            data.get("in_place")))
         latest = _int(data.get("latest_step"))
         previous_step = latest if latest is not None else previous_step
     return out

@@ -36,13 +36,14 @@ ENDING = "ending"    # an epilog has started, the verdict is not written yet
 ENDED = "ended"
 
 MAX_IN_PLACE = 100  # jobwrap run's restarts kept per attempt (its word: bounded)
+MAX_NODES_SCORED = 4096  # nodes' speed scores kept per attempt
 _INCIDENTS = (ev.Hang, ev.GpuFault, ev.WalltimeSignal, ev.DirectivesInvalid,
               ev.PrologUnhealthy, ev.CheckpointSuspect, ev.ResumeChosen, ev.HangForensics,
-              ev.PulseLost, ev.PulseDown, ev.PulseFenced, ev.PulseHang)
+              ev.PulseLost, ev.PulseDown, ev.PulseFenced, ev.PulseHang, ev.PulseSlow)
 # what only root's hooks record
 _ROOT_ONLY = (ev.DirectivesInvalid, ev.PrologUnhealthy, ev.CheckpointSuspect,
               ev.ResumeChosen, ev.HangForensics, ev.PulseLost, ev.PulseDown, ev.PulseFenced,
-              ev.PulseHang)
+              ev.PulseHang, ev.PulseSlow, ev.PulseSpeed)
 
 
 @dataclass
@@ -71,6 +72,10 @@ class AttemptSummary:
     # jobwrap run's restarts inside the attempt (its run.restarted, the user's word: the
     # ledger's boundaries, a report only): {"ts": relaunched, "ended_at", "kind"}
     in_place: list[dict[str, Any]] = field(default_factory=list)
+    # every node's speed score at the attempt's end (root's pulse.speed; 1.0 = as fast as
+    # the job's typical rank) and the nodes the pulse named slow
+    speed: dict[str, float] = field(default_factory=dict)
+    slow: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,6 +210,10 @@ def _apply(summary: AttemptSummary, event: ev.Event) -> None:
         kind = event.kind_ended if event.kind_ended in restarts_on else "unknown"
         summary.in_place.append({"ts": ts, "ended_at": _time(event.ended_at) or ts,
                                  "kind": kind})
+    elif isinstance(event, ev.PulseSpeed):
+        if by_root:
+            summary.speed = dict(list(event.scores.items())[:MAX_NODES_SCORED])
+            summary.slow = [n for n in event.named if n in summary.speed]
     elif isinstance(event, ev.SpareUsed):
         summary.spares_used += len(event.failed)
         summary.incidents.append(
@@ -244,6 +253,9 @@ def _incident(event: ev.Event) -> str:
     if isinstance(event, ev.PulseHang):
         return f"hang: stuck {event.held_s:g} s ({event.why}); " + \
             ("; ".join(event.stuck) or "no rank stands apart")
+    if isinstance(event, ev.PulseSlow):
+        return f"{event.slow} named slow: its ranks at {event.score:.2f} of the job's " \
+               f"typical rank's speed for {event.held_s:g} s"
     if isinstance(event, ev.PulseFenced):
         return f"{event.node or 'a node'} fenced itself ({event.why}): " \
                f"{event.killed} process(es) of the job killed"
@@ -276,6 +288,12 @@ def render(job_id: str, attempts: list[AttemptSummary], *, now: float | None = N
             lines.append(f"  checkpoints  {a.checkpoints} (latest step {step})")
         for incident in a.incidents:
             lines.append(f"  incident     {incident}")
+        if a.speed:
+            shown = sorted(a.speed.items(), key=lambda p: (p[1], p[0]))
+            lines.append("  speed        " + ", ".join(
+                f"{n} {v:.2f}" + (" SLOW" if n in a.slow else "") for n, v in shown[:8])
+                + (f" (and {len(shown) - 8} more at or above {shown[8][1]:.2f})"
+                   if len(shown) > 8 else "") + "  (1.00 = as fast as the typical rank)")
         if a.spares_held:
             end = a.ended_at if a.status == ENDED and a.ended_at else now
             hours = a.spares_held * max(0.0, end - (a.started_at or end)) / 3600

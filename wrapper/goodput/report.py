@@ -4,6 +4,12 @@
 node's flaky score, the MTBF, the restart gaps, the distribution of ETTR over ended
 jobs. ``from_archive`` reads the ledgers from the archive's manifests.
 
+Slow nodes: each node's count of attempts in which the pulse named it slow (root's
+``pulse.speed``, wrapper/pulse/judge.py), its lowest speed score then, and how many
+users' jobs named it. The score comes from the job's own processes, which their user
+shapes (a rank that spins is slow to the judge): a node named by many users' jobs is one
+for the site to look at; one user's jobs alone can name any node they run on.
+
 Flaky-node score: how much more often a node's attempts end in a failure root has
 confirmed the node caused (``NODE_CAUSES``: a GPU fault root's own probe or watcher
 found, a node failure from Slurm's record) than the cluster's attempts do. Classes the
@@ -48,6 +54,9 @@ class NodeStats:
     failures: dict[str, int] = field(default_factory=dict)
     node_failures: int = 0
     score: float = 0.0
+    slow: int = 0  # attempts in which the pulse named it slow
+    slowest: float | None = None  # its lowest speed score when named (1.0: as fast)
+    slow_users: int = 0  # the users whose jobs named it (one user's jobs can say anything)
 
 
 @dataclass
@@ -82,6 +91,7 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
     gaps: dict[str, list[float]] = {}
     ended: list[float] = []  # the ETTR of each ended job
     worst: list[tuple[float, str, str, int, float]] = []  # the lowest five, kept as we go
+    slow_users: dict[str, set[str]] = {}  # node: the users whose jobs named it slow
     for job in jobs:
         ledger = job.ledger
         if not ledger.attempts:
@@ -113,12 +123,21 @@ def build(jobs: Iterable[JobLedger], *, since: float | None = None) -> Report:
                     stats.failures[attempt.kind] = stats.failures.get(attempt.kind, 0) + 1
                 if attempt.kind in NODE_CAUSES:
                     stats.node_failures += 1
+            for node, speed in attempt.slow.items():
+                stats = report.nodes.get(node)
+                if stats is not None:  # one of its nodes, counted above
+                    stats.slow += 1
+                    stats.slowest = speed if stats.slowest is None else min(stats.slowest,
+                                                                            speed)
+                    slow_users.setdefault(node, set()).add(job.user)
         if ledger.attempts[-1].kind != RUNNING_CLASS:
             ended.append(ledger.ettr)
             if ledger.ettr < 1.0:
                 bisect.insort(worst, (ledger.ettr, job.user, job.job_id, ledger.failures,
                                       ledger.lost_s))
                 del worst[5:]
+    for node, users in slow_users.items():
+        report.nodes[node].slow_users = len(users)
     report.mtbf_s = report.run_s / report.failures if report.failures else None
     all_gaps = [g for seen in gaps.values() for g in seen]
     report.restart_gaps = len(all_gaps)
@@ -227,8 +246,11 @@ def render(report: Report) -> str:
         for name, stats in sorted(report.nodes.items(), key=lambda p: -p[1].score):
             said = ", ".join(f"{k} {v}" for k, v in sorted(stats.failures.items())) or "-"
             flag = "  FLAKY" if name in report.flaky_nodes else ""
+            slow = f"  named slow in {stats.slow} ({stats.slow_users} user" \
+                f"{'s' if stats.slow_users != 1 else ''}; speed down to " \
+                f"{stats.slowest:.2f})" if stats.slow and stats.slowest is not None else ""
             lines.append(f"  {name:<14} attempts {stats.attempts:>4}  score "
-                         f"{stats.score:5.2f}  failures: {said}{flag}")
+                         f"{stats.score:5.2f}  failures: {said}{flag}{slow}")
     dist = report.ettr_of_ended_jobs
     if dist:
         lines.append(f"ETTR of {int(dist['jobs'])} ended jobs: min {dist['min']:.2f}  p10 "

@@ -1,6 +1,7 @@
 """What follows the first node's verdict on an attempt, in one owner and in order: record
 the decision (and a suspect checkpoint, a requeue Slurm made), requeue, then tell the
-metrics, the goodput ledger and the job, and name a hung attempt's stuck ranks.
+metrics, the goodput ledger and the job, name a hung attempt's stuck ranks, and record
+every node's speed score (the job told when a node was named slow).
 
 The verdict itself is ``wrapper.restart.attempt.decide`` (the one judge,
 ``wrapper.restart.judge``). This lives with the hooks because it reaches every package
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from wrapper.config import Config
     from wrapper.job.record import JobRecord
     from wrapper.job.store import JobStore
+    from wrapper.osl.users import UserIds
     from wrapper.restart.apply import Spawner
     from wrapper.restart.attempt import Outcome
     from wrapper.slurm import SlurmBackend
@@ -57,3 +59,39 @@ def act(ctx: JobContext, cfg: Config, store: JobStore, backend: SlurmBackend,
 
         conclude(store.state, ctx.job_id, ctx.attempt, record.stdout, outcome.user)
 
+    tell_speed(store, ctx.attempt, ctx.node, record.stdout, outcome.user)
+
+
+def tell_speed(store: JobStore, attempt: int, node: str, stdout: str,
+               user: UserIds) -> str | None:
+    """Every node's newest speed score in ``attempt`` (the first node's judge's file,
+    wrapper/pulse/judge.py ``SlowJudge``) recorded as root's ``pulse.speed``; when it named
+    a node slow, one line in the job's output. The line, or None when nothing was told."""
+    from wrapper.errors import JobwrapError
+    from wrapper.job.paths import PULSE_SPEED_FILE
+
+    try:
+        kept = store.state.read_json(PULSE_SPEED_FILE)
+    except (JobwrapError, OSError, ValueError):
+        return None
+    if kept is None or kept.get("attempt") != attempt or \
+            not isinstance(scores := kept.get("scores"), dict):
+        return None
+    scores = {str(k): float(v) for k, v in scores.items() if isinstance(v, int | float)}
+    named = [str(n) for n in kept.get("named") or [] if n in scores]
+    window = kept.get("window_s")
+    store.record(ev.PulseSpeed(attempt=attempt, node=node, scores=scores, named=named,
+        window_s=float(window) if isinstance(window, int | float) else 0.0))
+    if not named:
+        return None
+    from wrapper.job.output import tell
+
+    slow = [e for e in store.root_events() if isinstance(e, ev.PulseSlow) and
+            e.attempt == attempt]
+    when = "; ".join(f"{e.slow} at {e.score:.2f}" for e in slow) or ", ".join(named)
+    line = (f"jobwrap: slow node(s) in attempt {attempt}: {when} of the job's typical rank's "
+            "speed when named (the share of time a rank needed a CPU, against the others'); "
+            "every node at the end: " + ", ".join(f"{n} {s:.2f}" for n, s in scores.items())
+            + ". jobwrap status JOBID shows them.")
+    tell(stdout, user, line)
+    return line

@@ -424,6 +424,32 @@ class PulseHang(Event):
     why: str = ""
 
 
+@kind("pulse.slow", writer="root")
+@dataclass(frozen=True)
+class PulseSlow(Event):
+    """The first node's judge named node ``slow``: its ranks ran at ``score`` of the job's
+    typical rank's speed (CPU demand over ``window_s`` s) for ``held_s`` s; ``scores``:
+    every node's then."""
+
+    slow: str = ""
+    score: float = 1.0
+    scores: dict[str, float] = field(default_factory=dict)
+    window_s: float = 0.0
+    held_s: float = 0.0
+
+
+@kind("pulse.speed", writer="root")
+@dataclass(frozen=True)
+class PulseSpeed(Event):
+    """Every node's newest speed score in the attempt (1.0 = as fast as the job's typical
+    rank), recorded by the first node's epilog from its judge's file; ``named``: the nodes
+    it named slow."""
+
+    scores: dict[str, float] = field(default_factory=dict)
+    named: list[str] = field(default_factory=list)
+    window_s: float = 0.0
+
+
 @kind("pulse.fenced", writer="root")
 @dataclass(frozen=True)
 class PulseFenced(Event):

@@ -27,6 +27,7 @@ EVENTS = "events.jsonl"
 USER_EVENTS = "user-events.jsonl"
 SUPERVISOR_FACTS = "supervisor-facts.jsonl"
 PULSE_HANG_FILE = "pulse-hang.json"  # the pulse judge's hang verdict, for the supervisor
+PULSE_SPEED_FILE = "pulse-speed.json"  # every node's newest speed score, for the epilog
 RECORD = "job.json"
 BATCH_SCRIPT = "batch-script.sh"
 SUPERVISOR_LOG = "supervisor.log"

@@ -1,4 +1,5 @@
-"""The job's ranks judged together: a hang called in seconds, and only a hang.
+"""The job's ranks judged together: a hang called in seconds, and only a hang; a slow node
+named (``SlowJudge``, at the end).
 
 The first node's watcher gets every node's sample (wrapper/watch/ranks.py) each
 ``[pulse] sample_interval``, its own and, over the pulse, the other nodes'. A rank *moved*
@@ -27,7 +28,8 @@ that hang is left to the supervisor's slower rule (wrapper/supervisor/monitor.py
 
 from __future__ import annotations
 
-from collections import Counter
+import statistics
+from collections import Counter, deque
 from collections.abc import Collection, Mapping
 from dataclasses import field
 from typing import Any
@@ -153,3 +155,80 @@ def label(stuck: dict[str, Any]) -> str:
     who = f"rank {stuck['rank']}" if stuck.get("rank") else "a rank"
     return f"{who} (pid {stuck.get('pid')} on {stuck.get('node')}) at {stuck.get('at')}"
 
+
+
+# -- slow nodes --------------------------------------------------------------------------------
+MIN_TYPICAL = 0.05  # a typical rank needing less of a CPU is idle: its job is not judged
+
+
+@dataclass
+class SlowJudge:
+    """Slow nodes named from the same samples, with no change to the script.
+
+    A rank's *demand* is the share of the last ``window`` seconds its main thread spent on
+    a CPU or waiting for one (``busy``: /proc/PID/schedstat's run time plus run delay, to
+    which a CPU quota's throttling and a noisy neighbour both add). In a job whose ranks
+    meet at every step (DDP), the slow rank works all the time and the others wait for it,
+    idle: its demand is the highest. A rank's *score* is the median rank's demand over its
+    own, at most 1.0 (1.0 = as fast as the job's typical rank; 0.7 = it needs 1/0.7 of
+    their time); a node's, the lowest of its ranks'. A node scored under ``below`` in every
+    round for ``hold`` seconds is named, once per attempt. Nothing is judged while the
+    hang judge holds the job stuck, in a job on one node, whose typical rank is idle (a
+    job waiting on its data), or while a node scored before has no rank scored (the job
+    ending: every node's last score is kept as it was).
+    """
+
+    window: float = 60.0
+    below: float = 0.85
+    hold: float = 30.0
+    history: dict[tuple[str, Any], deque[tuple[float, float]]] = field(default_factory=dict)
+    low_since: dict[str, float] = field(default_factory=dict)
+    named: dict[str, float] = field(default_factory=dict)  # node: its score when named
+    scores: dict[str, float] = field(default_factory=dict)  # the newest, per node
+
+    def round(self, now: float, samples: Mapping[str, tuple[float, dict[str, Any]]],
+              nodes: Collection[str], *, stuck: bool = False) -> list[str]:
+        """The nodes named in this round (``stuck``: the hang judge holds the job stuck;
+        a hang says nothing of speed)."""
+        seen = set()
+        for node in nodes:
+            listed = samples.get(node, (0.0, {}))[1].get("ranks")
+            for rank in listed if isinstance(listed, list) else []:
+                if not isinstance(rank, dict) or not isinstance(rank.get("busy"), int | float):
+                    continue
+                key = (node, rank.get("pid"))
+                seen.add(key)
+                points = self.history.setdefault(key, deque())
+                points.append((now, float(rank["busy"])))
+                while points and now - points[0][0] > self.window:
+                    points.popleft()
+        self.history = {k: v for k, v in self.history.items() if k in seen}
+        demand = {k: (p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0])
+                  for k, p in self.history.items()
+                  if len(p) >= 2 and p[-1][0] - p[0][0] >= 0.8 * self.window}
+        scored = {n for n, _ in demand}
+        # a node scored before whose ranks are gone (the job ending, a rank restarting)
+        # leaves the others unjudged, its score kept; a node lost leaves the judge
+        self.scores = {n: v for n, v in self.scores.items() if n in nodes}
+        if stuck or len(scored) < 2 or not set(self.scores) <= scored:
+            self.low_since.clear()
+            return []
+        typical = statistics.median(demand.values())
+        if typical < MIN_TYPICAL:
+            self.low_since.clear()
+            return []
+        scores: dict[str, float] = {}
+        for (node, _), d in demand.items():
+            score = min(1.0, typical / d) if d > 0 else 1.0
+            scores[node] = round(min(score, scores.get(node, 1.0)), 2)
+        self.scores = dict(sorted(scores.items()))
+        newly = []
+        for node, score in self.scores.items():
+            if score >= self.below:
+                self.low_since.pop(node, None)
+                continue
+            since = self.low_since.setdefault(node, now)
+            if now - since >= self.hold and node not in self.named:
+                self.named[node] = score
+                newly.append(node)
+        return newly

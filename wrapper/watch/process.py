@@ -19,7 +19,7 @@ from wrapper import log
 from wrapper.config import Config
 from wrapper.errors import JobwrapError, format_of
 from wrapper.job import events as ev
-from wrapper.job.paths import PULSE_HANG_FILE
+from wrapper.job.paths import PULSE_HANG_FILE, PULSE_SPEED_FILE
 from wrapper.job.state import JobState
 from wrapper.job.store import JobStore
 from wrapper.slurm.context import JobContext
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import argparse
 
     from wrapper.gpu.nvml import XidListener
-    from wrapper.pulse.judge import Verdict
+    from wrapper.pulse.judge import SlowJudge, Verdict
     from wrapper.slurm import SlurmBackend
 
 MODULE = "wrapper.watch"  # in its command line: the epilog checks it before it stops it
@@ -260,13 +260,17 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
         return None
     import time
 
-    from wrapper.pulse.judge import HangJudge
+    from wrapper.pulse.judge import HangJudge, SlowJudge
     from wrapper.watch.ranks import NodeSampler
 
-    interval = cfg.pulse.sample_interval
+    p = cfg.pulse
+    interval = p.sample_interval
     sampler = NodeSampler(job_id=args.job_id, node=args.node, uid=args.uid, gid=args.gid)
-    judge = HangJudge(floor=cfg.pulse.hang_floor, k=cfg.pulse.hang_k, interval=interval) \
+    judge = HangJudge(floor=p.hang_floor, k=p.hang_k, interval=interval) \
         if first and (pulse is not None or len(nodes) == 1) else None
+    slow = SlowJudge(window=p.slow_window, below=p.slow_below, hold=p.slow_hold) \
+        if judge is not None and p.slow_below > 0 and len(nodes) > 1 else None
+    kept: list[tuple[dict[str, float], list[str]]] = []  # what was last written for the epilog
     stopping = threading.Event()
 
     def run() -> None:
@@ -285,6 +289,13 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
                 verdict = judge.round(now, seen, alive)
                 if verdict is not None:
                     _hang_found(store, args, verdict)
+                if slow is not None:
+                    for node in slow.round(now, seen, alive, stuck=judge.since is not None):
+                        _slow_found(cfg, store, args, node, slow)
+                    now_kept = (dict(slow.scores), sorted(slow.named))
+                    if slow.scores and [now_kept] != kept:
+                        kept[:] = [now_kept]
+                        _keep_speed(store, args, slow)
             stopping.wait(max(0.2, interval - (time.monotonic() - started)))
 
     def guarded() -> None:
@@ -299,6 +310,36 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
                               name="pulse-samples", daemon=True)
     thread.start()
     return _Pulse(thread, stopping)
+
+
+def _slow_found(cfg: Config, store: JobStore, args: argparse.Namespace, node: str,
+                judge: SlowJudge) -> None:
+    """A node named slow: root's ``pulse.slow`` and the metrics; the first node's epilog
+    tells the job's output (wrapper/hooks/aftermath.py). Nothing else: what follows (a
+    drain after N jobs, a spare) is the site's, from the record."""
+    from wrapper import metrics
+
+    score = judge.named[node]
+    log.get().warning("pulse.slow", slow_node=node, score=score, scores=judge.scores)
+    try:
+        store.record(ev.PulseSlow(attempt=args.attempt, node=args.node, slow=node,
+                                  score=score, scores=dict(judge.scores),
+                                  window_s=judge.window, held_s=judge.hold))
+    except (JobwrapError, OSError) as exc:
+        log.get().error("pulse.not_recorded", error=str(exc)[:300])
+    if cfg.metrics.textfile:
+        metrics.record_slow_node(cfg.metrics, node=node, score=score)
+
+
+def _keep_speed(store: JobStore, args: argparse.Namespace, judge: SlowJudge) -> None:
+    """Every node's newest score, for the epilog's ``pulse.speed`` (one root file,
+    rewritten when a score changes: no event per round)."""
+    try:
+        store.state.write_json(PULSE_SPEED_FILE, {
+            "attempt": args.attempt, "scores": judge.scores, "named": sorted(judge.named),
+            "window_s": judge.window})
+    except (JobwrapError, OSError) as exc:
+        log.get().error("pulse.not_recorded", error=str(exc)[:300])
 
 
 def _hang_found(store: JobStore, args: argparse.Namespace, verdict: Verdict) -> None:

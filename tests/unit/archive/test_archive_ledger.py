@@ -302,6 +302,23 @@ def test_an_index_row_from_before_restarts_in_place_still_reads() -> None:
     assert (attempt.number, attempt.restart, attempt.in_place) == (0, 0, False)
 
 
+def test_slow_nodes_travel_from_roots_record_through_the_index_row() -> None:
+    """pulse.speed (root's) names the slow nodes with their scores; they reach the brief
+    the index keeps, and a row from before slow nodes (10 fields) still reads."""
+    from wrapper.archive.ledger import ledger_brief, ledger_from_brief
+
+    events = [*IN_PLACE[:3], {"ts": 125, "event": "pulse.speed", "attempt": 0, "node": "n1",
+                              "scores": {"n1": 1.0, "n2": 0.61}, "named": ["n2"],
+                              "window_s": 60.0, "source": "root"}]
+    forged = [*IN_PLACE[:3], {**events[-1], "source": "user"}]
+    assert [a.slow for a in account(from_summaries(summarized(forged)), now=130).attempts] \
+        == [{}]
+    brief = ledger_brief(account(from_summaries(summarized(events)), now=130))
+    assert [a.slow for a in ledger_from_brief(brief).attempts] == [{"n2": 0.61}]
+    brief["attempts"] = [row[:10] for row in brief["attempts"]]
+    assert [a.slow for a in ledger_from_brief(brief).attempts] == [{}]
+
+
 def test_a_flood_of_claimed_restarts_is_bounded() -> None:
     flood = [*IN_PLACE[:3], *({"ts": 120 + i / 1000, "event": "run.restarted", "attempt": 0,
                                "restart": i, "kind_ended": "killed", "source": "user",

@@ -171,10 +171,22 @@ def test_the_pulse_is_told_from_roots_events_only() -> None:
             {"ts": 6, "event": "pulse.hang", "attempt": 0, "node": "n1", "held_s": 15.0,
              "stuck": ["rank 1 (pid 9 on n3) at main (t.py:4)"], "why": "1 of 2 ranks wait",
              "source": source},
+            {"ts": 7, "event": "pulse.slow", "attempt": 0, "node": "n1", "slow": "n3",
+             "score": 0.62, "scores": {"n1": 1.0, "n3": 0.62}, "window_s": 60.0,
+             "held_s": 30.0, "source": source},
+            {"ts": 8, "event": "pulse.speed", "attempt": 0, "node": "n1",
+             "scores": {"n1": 1.0, "n2": 0.97, "n3": 0.6}, "named": ["n3"],
+             "window_s": 60.0, "source": source},
         ]
 
     assert summarized(facts("root"))[0].incidents == [
         "n2 lost: no heartbeat for 4.52 s", "n2 set DOWN in Slurm",
         "n3 fenced itself (no ack from the hub): 2 process(es) of the job killed",
-        "hang: stuck 15 s (1 of 2 ranks wait); rank 1 (pid 9 on n3) at main (t.py:4)"]
-    assert summarized(facts("user"))[0].incidents == []  # the user's words are no loss
+        "hang: stuck 15 s (1 of 2 ranks wait); rank 1 (pid 9 on n3) at main (t.py:4)",
+        "n3 named slow: its ranks at 0.62 of the job's typical rank's speed for 30 s"]
+    told = summarized(facts("root"))
+    assert (told[0].speed, told[0].slow) == ({"n1": 1.0, "n2": 0.97, "n3": 0.6}, ["n3"])
+    assert "  speed        n3 0.60 SLOW, n2 0.97, n1 1.00  (1.00 = as fast as the typical " \
+        "rank)" in render("7", told)
+    by_user = summarized(facts("user"))[0]  # the user's words are no loss, no slow node
+    assert (by_user.incidents, by_user.speed, by_user.slow) == ([], {}, [])

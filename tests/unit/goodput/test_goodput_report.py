@@ -57,6 +57,18 @@ def test_only_root_confirmed_causes_count_against_a_node() -> None:
     assert report.flaky_nodes == [] and report.nodes["gpu07"].score < FLAKY_SCORE
 
 
+def test_a_node_named_slow_again_and_again_is_told_per_node() -> None:
+    jobs = [_job(str(i), Attempt(0, 0, 100, "success", nodes=("n1", "n2", "n3"),
+                                 slow=(("n3", (70 - i) / 100),) if i % 2 else ()))
+            for i in range(6)]
+    report = build(jobs)
+    assert (report.nodes["n3"].slow, report.nodes["n3"].slowest) == (3, 0.65)
+    assert (report.nodes["n1"].slow, report.nodes["n1"].slowest) == (0, None)
+    assert report.nodes["n3"].slow_users == 1
+    assert "named slow in 3 (1 user; speed down to 0.65)" in render(report)
+    assert report.as_dict()["nodes"]["n3"]["slow"] == 3
+
+
 def test_an_empty_archive_says_so() -> None:
     report = build([])
     assert report.jobs == 0 and report.mtbf_s is None and report.ettr is None

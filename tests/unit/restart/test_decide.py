@@ -57,8 +57,9 @@ def job(shared: Path, user: UserIds) -> tuple[JobState, Path]:
     return state, out
 
 
-def epilog(config: Path, user: UserIds, exit_code: int = 1) -> int:
-    env = {"SLURM_JOB_ID": JOB, "SLURM_JOB_USER": user.name, "SLURM_JOB_UID": str(user.uid),
+def epilog(config: Path, user: UserIds, exit_code: int = 1, attempt: int = 0) -> int:
+    env = {"SLURM_JOB_RESTART_COUNT": str(attempt), "SLURM_JOB_ID": JOB,
+           "SLURM_JOB_USER": user.name, "SLURM_JOB_UID": str(user.uid),
            "SLURM_JOB_GID": str(user.gid), "SLURMD_NODENAME": "n1", "SLURM_NODELIST": "n1",
            "SLURM_JOB_GPUS": "0", "SLURM_SCRIPT_CONTEXT": "epilog_slurmd",
            "SLURM_JOB_EXIT_CODE2": f"{exit_code}:0", "SLURM_JOB_EXIT_CODE": str(exit_code << 8)}
@@ -209,3 +210,36 @@ def test_a_good_stage_out_removes_the_scratch(shared: Path, user: UserIds) -> No
     assert staging.stage_job_out(ctx, cfg, state, record,  # type: ignore[arg-type]
                              deadline=time.monotonic() + 60) == []
     assert (mine / "back" / "data.txt").read_text() == "precious\n"
+
+
+def test_the_slow_node_named_by_roots_judge_is_told_and_a_forged_one_is_not(
+        shared: Path, user: UserIds) -> None:
+    """The first node's judge keeps every node's score in root's pulse-speed.json and
+    records pulse.slow; the epilog records pulse.speed and tells the job's output. What
+    the job's user writes in its own file names no node slow."""
+    from wrapper.job import events as ev
+    from wrapper.job.paths import PULSE_SPEED_FILE
+    from wrapper.job.store import JobStore
+
+    config = site(shared, FIXTURES / "healthy-4.toml")
+    state, out = job(shared, user)
+    with open(state.path / USER_EVENTS, "a") as handle:
+        handle.write(json.dumps({"ts": time.time(), "event": "pulse.slow", "attempt": 0,
+                                 "node": "n1", "slow": "n1", "score": 0.1}) + "\n")
+    assert epilog(config, user, exit_code=0) == 0
+    assert "slow node" not in out.read_text()  # no file of root's: nothing to tell
+    assert not [e for e in state.events() if e["event"] == "pulse.speed"]
+
+    state.append("prolog.context", node="n1", hook="prolog", attempt=1, context={})
+    state.write_json(PULSE_SPEED_FILE, {"attempt": 1, "scores": {"n1": 1.0, "n2": 0.97,
+                                                                  "n3": 0.62},
+                                        "named": ["n3"], "window_s": 60.0})
+    state.append("pulse.slow", node="n1", attempt=1, slow="n3", score=0.64,
+                 scores={"n1": 1.0, "n3": 0.64}, window_s=60.0, held_s=30.0)
+    assert epilog(config, user, exit_code=0, attempt=1) == 0
+    told = out.read_text()
+    assert "jobwrap: slow node(s) in attempt 1: n3 at 0.64 of the job's typical rank's " \
+        "speed when named" in told and "every node at the end: n1 1.00, n2 0.97, n3 0.62" \
+        in told, told
+    [speed] = [e for e in JobStore(state).root_events() if isinstance(e, ev.PulseSpeed)]
+    assert (speed.attempt, speed.scores["n3"], speed.named) == (1, 0.62, ["n3"])

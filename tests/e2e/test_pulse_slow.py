@@ -1,0 +1,86 @@
+"""A slow node named from its ranks' samples (wrapper/pulse/judge.py ``SlowJudge``), on
+real torch ranks, with no change to the script.
+
+A real 3-rank gloo DDP job, one rank per node, each rank one thread on the node's two
+CPUs. Once it trains, n3's rank is held to 0.45 of a CPU by a cgroup quota (what a
+throttled or shared node does; a third of the 1.33 CPUs the three ranks share on this
+host's two cores would be 0.67): n3 is named slow, and no other node. The sandbox
+shortens the judge's window and hold to 30 s and 15 s (``tests/bench/run straggler``
+runs the site's 60 s and 30 s). Then the job's output, ``jobwrap status``, ``jobwrap
+report`` and the first node's metrics tell it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import jobwrap_dev.sandbox
+from jobwrap_dev.sandbox.cluster import Cluster
+from jobwrap_dev.sandbox.throttle import throttled
+
+TORCH = Path("/opt/jobwrap/frameworks/bin/python")
+PAYLOAD = Path(jobwrap_dev.sandbox.__file__).parent / "pauses_train.py"
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT"}
+JOB = f"""#!/bin/bash
+#SBATCH --output=slow-%j.out -N3 --ntasks-per-node=1 -c 2 --mem=0
+#JOBWRAP --max-restarts=0
+export PORT=$((20000 + SLURM_JOB_ID % 20000)) WORLD_SIZE=3 TRAIN_WIDTH=512 TRAIN_SLEEP=0
+export OMP_NUM_THREADS=1
+srun bash -c 'RANK=$SLURM_NODEID exec {TORCH} pauses_train.py 0 -1'
+"""
+
+
+def jobwrap(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(cluster.runtime / "venv" / "bin" / "jobwrap"), "--config",
+                           str(cluster.jobwrap_config), *args], capture_output=True, text=True,
+                          env=cluster.env(), timeout=60, check=False)
+
+
+def test_a_throttled_node_is_named_and_told_everywhere(cluster: Cluster) -> None:
+    assert TORCH.exists(), f"{TORCH} is missing: tools/bootstrap makes the framework venv"
+    cluster.write_user_file("pauses_train.py", PAYLOAD.read_text())
+    job_id = cluster.submit(JOB, name="slow.sh")
+    out = cluster.work / f"slow-{job_id}.out"
+    cluster.wait_output(out, "step 100 at", timeout=240)
+    found = cluster.python_ranks(job_id)
+    assert sorted(found) == ["n1", "n2", "n3"], found
+    with throttled(found["n3"], 0.45, f"jobwrap-test-slow-{job_id}"):
+        deadline, named = time.monotonic() + 240, []
+        while not named and time.monotonic() < deadline:
+            named = [e for e in cluster.events(job_id, root_only=True)
+                     if e["event"] == "pulse.slow"]
+            time.sleep(2)
+        time.sleep(10)  # a node named wrongly beside it would be by now
+        named = [e for e in cluster.events(job_id, root_only=True)
+                 if e["event"] == "pulse.slow"]
+        cluster.as_user(["scancel", job_id])
+    cluster.wait_job(job_id, states=TERMINAL, timeout=120)
+    assert [e["slow"] for e in named] == ["n3"], named
+    [slow] = named
+    assert slow["score"] < 0.85 and slow["scores"]["n3"] == slow["score"], slow
+    assert min(slow["scores"]["n1"], slow["scores"]["n2"]) >= 0.85, slow
+
+    deadline = time.monotonic() + 60  # the first node's epilog records every node's score
+    while not (speed := [e for e in cluster.events(job_id, root_only=True)
+                         if e["event"] == "pulse.speed"]) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(speed) == 1 and speed[0]["named"] == ["n3"], speed
+    assert sorted(speed[0]["scores"]) == ["n1", "n2", "n3"], speed
+    told = out.read_text()
+    assert f"jobwrap: slow node(s) in attempt 0: n3 at {slow['score']:.2f} of the job's " \
+        "typical rank's speed when named" in told, told[-2000:]
+    status = jobwrap(cluster, "status", job_id)
+    assert status.returncode == 0, status.stderr
+    assert "n3 named slow: its ranks at" in status.stdout, status.stdout
+    assert any(line.startswith("  speed        n3 ") and "n3 " in line and "SLOW" in line
+               for line in status.stdout.splitlines()), status.stdout
+    report = jobwrap(cluster, "report", "--json")
+    assert report.returncode == 0, report.stderr
+    nodes = json.loads(report.stdout)["report"]["nodes"]
+    assert nodes["n3"]["slow"] >= 1 and nodes["n3"]["slowest"] < 0.85, nodes
+    assert nodes["n1"]["slow"] == 0, nodes
+    metrics = cluster.metrics_of("n1").read_text()
+    assert 'jobwrap_slow_node_total{node="n3"} 1' in metrics, metrics
