@@ -362,6 +362,12 @@ class PulseConfig(Section):
     hang_k: float = _opt(2.0, "A hang is also never called before hang_k x the longest "
                          "stretch the job was stuck and then went on by itself.",
                          positive=True)
+    flight_recorder: int = _opt(2000, "Entries of PyTorch's flight recorder kept per rank "
+                                "(TORCH_FR_BUFFER_SIZE, set by the task-prolog unless the "
+                                "job sets it; dumps go to the task's scratch, NCCL dumps on "
+                                "its timeout): a hang's verdict and forensics name the ranks "
+                                "that never joined a collective. About 1 MB a rank at 2000. "
+                                "0: not set.", non_negative=True)
     slow_below: float = _opt(0.85, "A node whose speed score (the job's typical rank's CPU "
                              "demand over its ranks'; 1.0 = as fast) stays under this for "
                              "slow_hold seconds is named slow: root's pulse.slow, the "

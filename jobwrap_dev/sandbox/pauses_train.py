@@ -14,10 +14,15 @@ step with the time, and each phase as it starts: ``rank R: NAME at T``.
 ``TRAIN_WIDTH`` (16) and ``TRAIN_SLEEP`` (0.2 s after each step) shape a step: a wide one
 without sleep (a batch of 2,048) keeps every rank on its CPU (the slow-node tests); then
 every 100th step is printed.
+
+``FR_DUMP_AFTER`` (s, off by default): once no step has ended for that long, each rank
+writes PyTorch's flight recorder to ``TORCH_FR_DUMP_TEMP_FILE`` + its rank, once, as
+NCCL's watchdog does on a collective's timeout (gloo has no such watchdog).
 """
 
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -40,11 +45,15 @@ def say(what: str) -> None:
     print(f"rank {rank}: {what} at {time.time():.3f}", flush=True)
 
 
+last_step = time.monotonic()
+
+
 def train(steps: int) -> None:
-    global step
+    global step, last_step
     for _ in range(steps):
         model(torch.randn(8 if PAUSE else 2048, WIDTH)).sum().backward()
         step += 1
+        last_step = time.monotonic()
         if rank == 0 and (PAUSE or step % 100 == 0):
             print(f"step {step} at {time.time():.3f}", flush=True)
         time.sleep(PAUSE)
@@ -81,10 +90,23 @@ def evaluate() -> None:
             model.module(torch.randn(64, WIDTH))
 
 
+def dump_when_stalled(after: float) -> None:
+    while time.monotonic() - last_step < after:
+        time.sleep(0.5)
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank), "wb") as f:
+        f.write(_dump_fr_trace(True, True, False))
+    say("flight recorder dumped")
+
+
 resumed = os.path.exists(marker)
 if resumed:
     say("resumed")
 train(5)
+if float(os.environ.get("FR_DUMP_AFTER", "0")) > 0 and "TORCH_FR_DUMP_TEMP_FILE" in os.environ:
+    threading.Thread(target=dump_when_stalled, args=(float(os.environ["FR_DUMP_AFTER"]),),
+                     daemon=True).start()
 if PHASE > 0 and not resumed:
     for name, work in (("checkpoint", write_checkpoint), ("compile", compile_first_step),
                        ("evaluate", evaluate)):

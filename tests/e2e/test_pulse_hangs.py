@@ -45,7 +45,10 @@ def _hangs(cluster: Cluster, job_id: str) -> tuple[list[dict[str, object]],
 def test_the_stuck_rank_among_16_on_two_nodes_is_named(cluster: Cluster) -> None:
     assert TORCH.exists(), f"{TORCH} is missing: tools/bootstrap makes the framework venv"
     cluster.write_user_file("pauses_train.py", PAYLOAD.read_text())
-    job_id = cluster.submit(_job("stuck16", 8, 0, 13), "-w", "n1,n2", name="stuck16.sh")
+    # each rank dumps PyTorch's flight recorder once stalled 6 s, as NCCL's watchdog does
+    # on a timeout: the task-prolog turned the recorder on and named the file
+    job_id = cluster.submit(_job("stuck16", 8, 0, 13, env="FR_DUMP_AFTER=6"), "-w", "n1,n2",
+                            name="stuck16.sh")
     info = cluster.wait_job(job_id, states=TERMINAL, timeout=300)
     output = (cluster.work / f"stuck16-{job_id}.out").read_text()
     verdicts, hangs = _hangs(cluster, job_id)
@@ -54,12 +57,17 @@ def test_the_stuck_rank_among_16_on_two_nodes_is_named(cluster: Cluster) -> None
     assert str(named).startswith("rank 13 (pid ") and " on n2) at <module> (pauses_train.py:" \
         in str(named), verdicts
     assert verdicts[0]["ranks"] == 16 and verdicts[0]["waiting"] == 15, verdicts
+    [flight] = verdicts[0]["flight"]  # 15 ranks entered the all-reduce rank 13 never did
+    assert str(flight).startswith("rank 13 never joined gloo:all_reduce #") and \
+        "15 of 16 ranks entered gloo:all_reduce" in str(verdicts[0]["why"]), verdicts
     assert len(hangs) == 1 and hangs[0]["found_by"] == "pulse", hangs
     assert hangs[0]["stuck"] == verdicts[0]["stuck"], hangs
     ends = [(e["attempt"], e["kind"]) for e in cluster.events(job_id)
             if e["event"] == "attempt.end" and e["source"] == "root"]
     assert ends == [(0, "hang")] and info["JobState"] != "COMPLETED", (ends, info)
     assert "rank 13" in output and "hang forensics of attempt 0: standing apart:" in output
+    assert "PyTorch's flight recorder: rank 13 never joined gloo:all_reduce #" in output, \
+        output[-3000:]
 
 
 def test_long_pauses_are_no_hang_and_the_real_one_after_them_is(cluster: Cluster) -> None:

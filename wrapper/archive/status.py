@@ -231,7 +231,8 @@ def _incident(event: ev.Event) -> str:
     if isinstance(event, ev.HangForensics):
         odd = "; ".join(str(o) for o in event.odd)
         return f"hang forensics: {'standing apart: ' + odd if odd else ''}" \
-               f"{' (' if odd else ''}{event.why}{')' if odd else ''}"
+               f"{' (' if odd else ''}{event.why}{')' if odd else ''}" + \
+               "".join(f"; flight recorder: {f}" for f in event.flight)
     if isinstance(event, ev.GpuFault):
         return f"GPU fault: {event.reason}"
     if isinstance(event, ev.WalltimeSignal):
@@ -252,7 +253,8 @@ def _incident(event: ev.Event) -> str:
                                    else "set DOWN in Slurm")
     if isinstance(event, ev.PulseHang):
         return f"hang: stuck {event.held_s:g} s ({event.why}); " + \
-            ("; ".join(event.stuck) or "no rank stands apart")
+            ("; ".join(event.stuck) or "no rank stands apart") + \
+            "".join(f"; {f}" for f in event.flight)
     if isinstance(event, ev.PulseSlow):
         return f"{event.slow} named slow: its ranks at {event.score:.2f} of the job's " \
                f"typical rank's speed for {event.held_s:g} s"

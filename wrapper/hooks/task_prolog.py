@@ -30,16 +30,22 @@ if TYPE_CHECKING:
 
 
 def exports(ctx: JobContext, cfg: Config, record: jobrecord.JobRecord | None,
-            resume_from: str | None) -> dict[str, str]:
+            resume_from: str | None, environ: Mapping[str, str] | None = None
+            ) -> dict[str, str]:
+    scratch = str(JobPaths.of(cfg, ctx.job_id).scratch)
     values = resume_mod.exports(
-        attempt=ctx.attempt, scratch=str(JobPaths.of(cfg, ctx.job_id).scratch),
+        attempt=ctx.attempt, scratch=scratch,
         checkpoint_dir=record.checkpoint_dir if record is not None else None,
         resume_from=resume_from)
     from wrapper.config import DEFAULT_PATH, ENV_VAR
+    from wrapper.watch import flight
 
     if os.path.isabs(cfg.source) and cfg.source != DEFAULT_PATH:
         # jobwrap run and status inside the job read the hooks' own config
         values[ENV_VAR] = cfg.source
+    # PyTorch's flight recorder, for the hang forensics (the job's own values win)
+    values.update(flight.exports(cfg.pulse.flight_recorder, scratch,
+                                 os.environ if environ is None else environ))
     return values
 
 
@@ -56,7 +62,8 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     events = store.root_events()  # decisions read root's record only, and read it once
     found = _resume_point(ctx, cfg, store, record, events, batch=_is_batch(environ))
     resume = found.path if found else None
-    values = exports(ctx, cfg, record, resume)
+    values = exports(ctx, cfg, record, resume, environ)
+    _prepare_flight_folder(values)
     if resume_mod.under_run(environ) and not _is_batch(environ):
         # A step of a command jobwrap run restarted: it chose the attempt and the resume
         # point between two runs, when nothing was writing; a checkpoint saved seconds
@@ -100,6 +107,21 @@ def run(ctx: JobContext, cfg: Config, out: TextIO, env: Mapping[str, str] | None
     except JobwrapError as exc:
         log.get().warning("task-prolog.state_unavailable", error=str(exc))
     return EXIT_OK
+
+
+def _prepare_flight_folder(values: Mapping[str, str]) -> None:
+    """The folder the flight recorder dumps to, in the task's scratch (as the job's user:
+    this hook runs as the user); a folder it cannot make only leaves the dumps unwritten."""
+    from wrapper.watch.flight import dump_folder
+
+    folder = dump_folder(values)
+    if folder:
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            log.get().warning("task-prolog.flight_folder", path=folder, error=str(exc))
 
 
 def _claim_under_run(ctx: JobContext, store: JobStore, environ: Mapping[str, str]) -> None:

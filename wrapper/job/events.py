@@ -362,12 +362,15 @@ class CheckpointSuspect(Event):
 @dataclass(frozen=True)
 class HangForensics(Event):
     """The first node's reading of every node's forensics of a hung attempt: the rank(s)
-    whose stack stands apart from the majority (``odd``), and why."""
+    whose stack stands apart from the majority (``odd``), and why; ``flight``: the ranks
+    the flight recorder's dumps say never joined a collective the others entered."""
 
     nodes: list[str] = field(default_factory=list)
     ranks: int = 0
     odd: list[str] = field(default_factory=list)
     why: str = ""
+    # the flight recorder's word, where ranks dumped it: the ranks that never joined
+    flight: list[str] = field(default_factory=list)
 
 
 # -- root's node watchers (wrapper/watch/) ---------------------------------------------------
@@ -414,7 +417,8 @@ class PulseDown(Event):
 class PulseHang(Event):
     """The first node's judge of every node's samples (wrapper/pulse/judge.py): the job's
     ranks were stuck for ``held_s`` s (``window_s``: what it takes), ``stuck`` the rank(s)
-    named; the supervisor ends the hang as its own."""
+    named (``flight``: by the flight recorder's dumps, where ranks wrote them); the
+    supervisor ends the hang as its own."""
 
     stuck: list[str] = field(default_factory=list)
     ranks: int = 0
@@ -422,6 +426,7 @@ class PulseHang(Event):
     held_s: float = 0.0
     window_s: float = 0.0
     why: str = ""
+    flight: list[str] = field(default_factory=list)  # ranks the flight recorder names
 
 
 @kind("pulse.slow", writer="root")
@@ -473,11 +478,13 @@ class WatchEndedJob(Event):
 @dataclass(frozen=True)
 class WatchForensics(Event):
     """The node's part of a hang's forensics: each rank's stack signature (py-spy, as the
-    job's user), the problems met, and the seconds it took."""
+    job's user), the flight recorder's dumps of the node's ranks (``flight``, where they
+    wrote one), the problems met, and the seconds it took."""
 
     ranks: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    flight: list[dict[str, Any]] = field(default_factory=list)  # the recorder's dumps, per rank
 
 
 @kind("requeue.failed", writer="root")

@@ -35,7 +35,6 @@ from wrapper.watch.procs import (
     FRAME_MAX,
     MAX_FRAMES,
     _printable,
-    dump_stacks,
     job_processes,
     py_spy,
 )
@@ -76,12 +75,14 @@ def gpu_state(cfg: Any, node: str, gpus: Sequence[int]) -> list[dict[str, Any]]:
 
 
 def collect(cfg: Any, *, job_id: str, node: str, attempt: int, uid: int, gid: int,
-            gpus: Sequence[int], budget: float) -> dict[str, Any]:
-    """This node's forensics (root, in the watcher); never raises."""
+            gpus: Sequence[int], budget: float,
+            flight_folder: str | None = None) -> dict[str, Any]:
+    """This node's forensics (root, in the watcher): each rank's stack, and the flight
+    recorder's dumps in ``flight_folder`` (wrapper/watch/flight.py); never raises."""
     from wrapper.errors import JobwrapError
     from wrapper.osl.child import call_as
     from wrapper.osl.users import UserIds
-    from wrapper.watch.ranks import describe, pick_ranks, where
+    from wrapper.watch.ranks import describe, pick_ranks, read_as_user, where
 
     started = time.monotonic()
     problems: list[str] = []
@@ -89,14 +90,15 @@ def collect(cfg: Any, *, job_id: str, node: str, attempt: int, uid: int, gid: in
     facts = {p["pid"]: describe("/proc", p["pid"]) for p in procs}
     chosen = pick_ranks([{**p, **f} for p in procs if (f := facts[p["pid"]]) is not None])
     ranks = [p for p in procs if p["pid"] in chosen]
-    stacks: dict[str, Any] = {}
-    if ranks:
+    got: dict[str, Any] = {}
+    if ranks or flight_folder:
         try:
             user = UserIds.of(uid, gid)
-            stacks = call_as(user, dump_stacks, py_spy(), [p["pid"] for p in ranks],
-                             max(1.0, budget - 2.0), timeout=budget)
+            got = call_as(user, read_as_user, py_spy(), [p["pid"] for p in ranks],
+                          max(1.0, budget - 2.0), flight_folder, timeout=budget)
         except JobwrapError as exc:
             problems.append(f"the stacks could not be read: {exc}")
+    stacks = got.get("stacks") or {}
     out_ranks = []
     for p in ranks:
         got = stacks.get(str(p["pid"]), {})
@@ -111,9 +113,11 @@ def collect(cfg: Any, *, job_id: str, node: str, attempt: int, uid: int, gid: in
     if not procs:
         problems.append("no process of the job's user carries this job's SLURM_JOB_ID here")
     result = {"node": node, "attempt": attempt, "job_id": job_id, "ranks": out_ranks,
+              "flight": got.get("flight") or [],
               "gpus": gpu_state(cfg, node, gpus), "problems": problems,
               "seconds": round(time.monotonic() - started, 3)}
     log.get().info("watch.forensics", ranks=len(out_ranks), problems=len(problems),
+                   flight=len(got.get("flight") or ()), folder=flight_folder,
                    seconds=result["seconds"])
     return result
 
@@ -184,14 +188,19 @@ def conclude(state: Any, job_id: str, attempt: int, stdout: str, user: Any) -> s
              if isinstance(e, ev.WatchForensics) and e.attempt == attempt]
     if not found:
         return None
+    from wrapper.watch.flight import not_joined
+
     ranks = [r for e in found for r in e.ranks if isinstance(r, dict)]
     odd, why = odd_ones(ranks)
     names = [label(r) for r in odd]
+    flight, said = not_joined(r for e in found for r in e.flight if isinstance(r, dict))
     store.record(ev.HangForensics(attempt=attempt, node=found[0].node,
                                   nodes=sorted({e.node for e in found}), ranks=len(ranks),
-                                  odd=names, why=why))
+                                  odd=names, why=why, flight=flight))
     message = ("jobwrap: hang forensics of attempt " f"{attempt}: " +
                (f"standing apart: {'; '.join(names)} ({why})" if names else why) +
+               (f". PyTorch's flight recorder: {'; '.join(flight)} ({said})" if flight
+                else "") +
                f". Every rank's stack is in the archive (jobwrap archive show {job_id}).")
     from wrapper.job.output import tell
 

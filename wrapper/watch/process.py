@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from wrapper import log
@@ -265,7 +265,8 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
 
     p = cfg.pulse
     interval = p.sample_interval
-    sampler = NodeSampler(job_id=args.job_id, node=args.node, uid=args.uid, gid=args.gid)
+    sampler = NodeSampler(job_id=args.job_id, node=args.node, uid=args.uid, gid=args.gid,
+                          flight_folder=_flight_folder(cfg, args))
     judge = HangJudge(floor=p.hang_floor, k=p.hang_k, interval=interval) \
         if first and (pulse is not None or len(nodes) == 1) else None
     slow = SlowJudge(window=p.slow_window, below=p.slow_below, hold=p.slow_hold) \
@@ -278,6 +279,7 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
             started = time.monotonic()
             sample = sampler.sample(budget=interval)
             log.get().debug("pulse.sampled", ranks=len(sample["ranks"]),
+                            flight=len(sample.get("fr") or ()),
                             seconds=round(time.monotonic() - started, 3),
                             spent_s=round(sampler.spent, 3))
             if judge is None:
@@ -288,7 +290,7 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
                 alive = [n for n in nodes if n not in samples.lost]
                 verdict = judge.round(now, seen, alive)
                 if verdict is not None:
-                    _hang_found(store, args, verdict)
+                    _hang_found(store, args, verdict, seen)
                 if slow is not None:
                     for node in slow.round(now, seen, alive, stuck=judge.since is not None):
                         _slow_found(cfg, store, args, node, slow)
@@ -342,17 +344,24 @@ def _keep_speed(store: JobStore, args: argparse.Namespace, judge: SlowJudge) -> 
         log.get().error("pulse.not_recorded", error=str(exc)[:300])
 
 
-def _hang_found(store: JobStore, args: argparse.Namespace, verdict: Verdict) -> None:
+def _hang_found(store: JobStore, args: argparse.Namespace, verdict: Verdict,
+                samples: Mapping[str, tuple[float, dict[str, object]]]) -> None:
     """The judge's hang: root's ``pulse.hang`` and the file the supervisor looks at each
     tick (``pulse-hang.json``, root's, in the job's state folder): it ends the hang as its
-    own, after the forensics."""
+    own, after the forensics. Where ranks dumped PyTorch's flight recorder, the ranks it
+    says never joined are named too."""
     from wrapper.pulse.judge import label
+    from wrapper.watch.flight import not_joined
 
     named = [label(s) for s in verdict.stuck]
-    log.get().error("pulse.hang", stuck=named, held_s=verdict.held_s, why=verdict.why)
+    flight, said = not_joined(r for _, sample in samples.values() for r in _flight_of(sample))
+    log.get().error("pulse.hang", stuck=named, held_s=verdict.held_s, why=verdict.why,
+                    flight=flight)
     event = ev.PulseHang(attempt=args.attempt, node=args.node, stuck=named,
                          ranks=verdict.ranks, waiting=verdict.waiting,
-                         held_s=verdict.held_s, window_s=verdict.window_s, why=verdict.why)
+                         held_s=verdict.held_s, window_s=verdict.window_s,
+                         why=verdict.why + (f"; flight recorder: {said}" if said else ""),
+                         flight=flight)
     try:
         import time
 
@@ -576,13 +585,17 @@ def _forensics_reader(cfg: Config, store: JobStore, args: argparse.Namespace,
         found = fx.collect(cfg, job_id=args.job_id, node=args.node, attempt=args.attempt,
                            uid=args.uid, gid=args.gid, gpus=gpus,
                            budget=max(2.0, cfg.supervisor.forensics_timeout
-                                          - cfg.supervisor.gpu_interval))
+                                          - cfg.supervisor.gpu_interval),
+                           flight_folder=_flight_folder(cfg, args))
         store.state.write_json(forensics_file(args.node), {"format": WATCH_FORMAT, **found})
         store.record(ev.WatchForensics(
             attempt=args.attempt, node=args.node,
             ranks=[{k: r.get(k) for k in ("node", "pid", "rank", "signature",
                                           "in_collective", "error")} for r in found["ranks"]],
-            problems=found["problems"], seconds=found["seconds"]))
+            problems=found["problems"], seconds=found["seconds"],
+            # the dumps as read now, else as this node's newest sample read them
+            flight=found["flight"] or _flight_of(samples.snapshot().get(
+                args.node, (0.0, {}))[1])))
         import time
 
         now = time.monotonic()
@@ -598,6 +611,23 @@ def _forensics_reader(cfg: Config, store: JobStore, args: argparse.Namespace,
                         "signature": r.get("at", ""), "in_collective": bool(r.get("coll")),
                         "error": r.get("err")} for r in ranks],
                 problems=[f"read from the node's pulse sample, {now - heard:.1f} s old"],
-                seconds=0.0))
+                seconds=0.0, flight=_flight_of(sample)))
 
     return forensics
+
+
+def _flight_folder(cfg: Config, args: argparse.Namespace) -> str | None:
+    """Where this node's ranks dump PyTorch's flight recorder (the task-prolog set it,
+    wrapper/watch/flight.py); None with ``[pulse] flight_recorder`` off."""
+    if cfg.pulse.flight_recorder <= 0:
+        return None
+    from wrapper.job.paths import JobPaths
+    from wrapper.watch.flight import FOLDER
+
+    return f"{JobPaths.of(cfg, args.job_id).scratch}/{FOLDER}"
+
+
+def _flight_of(sample: dict[str, object]) -> list[dict[str, object]]:
+    """A node's sample's flight-recorder records (another node's word: shapes checked)."""
+    listed = sample.get("fr")
+    return [r for r in listed if isinstance(r, dict)][:64] if isinstance(listed, list) else []

@@ -5,7 +5,9 @@ node from facts the user cannot forge (wrapper.watch.forensics.job_processes: th
 user's processes whose environment names the job and this node), reads what the kernel
 counts for each (CPU time, bytes read and written, whether a thread waits on storage,
 summed over the rank and its helpers) and reads each rank's Python stack with py-spy **as
-the job's user** (``--nonblocking``: the rank is never paused). The sample travels to the
+the job's user** (``--nonblocking``: the rank is never paused), in the same child as the
+flight recorder's dumps the node's ranks wrote, if any (``fr``, wrapper/watch/flight.py).
+The sample travels to the
 job's first node over the pulse (wrapper/pulse/beat.py), where wrapper/pulse/judge.py
 judges the job's ranks together.
 
@@ -181,13 +183,25 @@ def where(threads: Any, pid: int) -> dict[str, Any]:
     return {"coll": coll, "idle": idle, "sig": sig, "at": at}
 
 
+def read_as_user(spy: str, pids: list[int], budget: float,
+                 flight_folder: str | None) -> dict[str, Any]:
+    """In a child as the job's user: the ranks' stacks (py-spy) and the flight recorder's
+    dumps the node's ranks wrote (wrapper/watch/flight.py), both the user's to read."""
+    from wrapper.watch.flight import read_folder
+    from wrapper.watch.procs import dump_stacks
+
+    return {"stacks": dump_stacks(spy, pids, budget) if pids else {},
+            "flight": read_folder(flight_folder) if flight_folder else []}
+
+
 class NodeSampler:
     """One node's sampler: ``sample()`` is called by the watcher's sampling thread."""
 
     def __init__(self, *, job_id: str, node: str, uid: int, gid: int,
-                 proc_root: str = "/proc") -> None:
+                 proc_root: str = "/proc", flight_folder: str | None = None) -> None:
         self.job_id, self.node, self.uid, self.gid = job_id, node, uid, gid
         self.proc_root = proc_root
+        self.flight_folder = flight_folder  # where the node's ranks dump their recorder
         self.spent = 0.0  # CPU seconds this sampler's stack readers cost (children)
 
     def sample(self, budget: float) -> dict[str, Any]:
@@ -195,7 +209,7 @@ class NodeSampler:
         from wrapper.errors import JobwrapError
         from wrapper.osl.child import call_as
         from wrapper.osl.users import UserIds
-        from wrapper.watch.procs import dump_stacks, job_processes, py_spy
+        from wrapper.watch.procs import job_processes, py_spy
 
         now = time.time()
         found = job_processes(self.job_id, self.uid, self.proc_root, node=self.node,
@@ -207,18 +221,20 @@ class NodeSampler:
                 procs.append({**p, **facts})
         by_pid = {p["pid"]: p for p in procs}
         ranks = pick_ranks(procs)
-        stacks: dict[str, Any] = {}
+        got: dict[str, Any] = {}
         error = ""
         if ranks:
             before = os.times()
             try:
-                stacks = call_as(UserIds.of(self.uid, self.gid), dump_stacks, py_spy(),
-                                 list(ranks), max(0.5, budget - 0.5), timeout=budget + 1.0)
+                got = call_as(UserIds.of(self.uid, self.gid), read_as_user, py_spy(),
+                              list(ranks), max(0.5, budget - 0.5), self.flight_folder,
+                              timeout=budget + 1.0)
             except JobwrapError as exc:
                 error = str(exc)[:200]
             after = os.times()
             self.spent += (after.children_user - before.children_user) + \
                 (after.children_system - before.children_system)
+        stacks = got.get("stacks") or {}
         out = []
         for pid, helpers in ranks.items():
             group = [by_pid[pid], *(by_pid[h] for h in helpers if h in by_pid)]
@@ -227,10 +243,13 @@ class NodeSampler:
                 "cpu": round(sum(g["cpu"] for g in group), 2),
                 "io": sum(g["io"] for g in group), "d": any(g["d"] for g in group),
                 "busy": round(by_pid[pid]["busy"], 3)}
-            got = stacks.get(str(pid), {})
-            if "threads" in got:
-                entry.update(where(got["threads"], pid))
+            stack = stacks.get(str(pid), {})
+            if "threads" in stack:
+                entry.update(where(stack["threads"], pid))
             else:
-                entry["err"] = str(got.get("error", error or "not read"))[:120]
+                entry["err"] = str(stack.get("error", error or "not read"))[:120]
             out.append(entry)
-        return {"node": self.node, "t": round(now, 3), "ranks": out}
+        sample: dict[str, Any] = {"node": self.node, "t": round(now, 3), "ranks": out}
+        if got.get("flight"):
+            sample["fr"] = got["flight"][:RANKS_MAX]
+        return sample

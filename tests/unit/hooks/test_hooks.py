@@ -71,12 +71,25 @@ def test_task_prolog_exports(site: dict[str, Path]) -> None:
         f"export JOBWRAP_SCRATCH={site['scratch']}/31",
         # not /etc/jobwrap/config.toml: jobwrap commands inside the job read the same one
         f"export JOBWRAP_CONFIG={site['config']}",
+        # PyTorch's flight recorder, dumping into the task's scratch
+        "export TORCH_FR_BUFFER_SIZE=2000",
+        f"export TORCH_FR_DUMP_TEMP_FILE={site['scratch']}/31/.flight-recorder/rank_",
+        "export TORCH_NCCL_DUMP_ON_TIMEOUT=1",
         # attempt 1 of the batch step: the user is told why and from where it runs
         "print jobwrap: attempt 1; no valid checkpoint: starting from the beginning",
     ]
     events = [e for e in JobState(site["state"], "31").events() if "context" in e["event"]]
     assert [(e["event"], e["source"]) for e in events] == [
         ("prolog.context", "root"), ("task-prolog.context", "user")]
+    (site["scratch"] / "31").mkdir(parents=True, exist_ok=True)  # the prolog makes it
+    assert run_hook("task-prolog", config_path=str(site["config"]), env=env,
+                    out=io.StringIO()) == 0
+    assert (site["scratch"] / "31" / ".flight-recorder").is_dir()  # where the dumps go
+    own = io.StringIO()  # the job's own recorder settings win
+    env.update(TORCH_FR_BUFFER_SIZE="0", TORCH_FR_DUMP_TEMP_FILE="/x/t_")
+    assert run_hook("task-prolog", config_path=str(site["config"]), env=env, out=own) == 0
+    assert [line for line in own.getvalue().splitlines() if "TORCH" in line] == [
+        "export TORCH_NCCL_DUMP_ON_TIMEOUT=1"]
 
 
 @pytest.mark.parametrize(("extra", "claims"), [

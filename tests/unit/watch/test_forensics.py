@@ -15,6 +15,7 @@ import pytest
 from wrapper.job.facts import FactChannel, fact
 from wrapper.job.state import JobState
 from wrapper.watch import forensics as fx
+from wrapper.watch.procs import dump_stacks
 
 STUCK = """
 import sys, time
@@ -66,7 +67,7 @@ def test_the_jobs_processes_are_found_by_uid_and_job_id(stuck: subprocess.Popen[
 
 
 def test_a_real_stack_is_read_and_summarised(stuck: subprocess.Popen[str]) -> None:
-    got = fx.dump_stacks(fx.py_spy(), [stuck.pid], 10.0)[str(stuck.pid)]
+    got = dump_stacks(fx.py_spy(), [stuck.pid], 10.0)[str(stuck.pid)]
     assert "threads" in got, got
     summary = fx.summarise(got["threads"], stuck.pid)
     assert summary["signature"].startswith("stuck_in_here (<string>:5)"), summary
@@ -90,7 +91,7 @@ def test_a_process_that_is_not_python_costs_one_error_not_the_others(
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
         time.sleep(0.2)
-        got = fx.dump_stacks(fx.py_spy(), [sleeper.pid, stuck.pid], 10.0)
+        got = dump_stacks(fx.py_spy(), [sleeper.pid, stuck.pid], 10.0)
     finally:
         sleeper.kill()
         sleeper.wait()
