@@ -81,6 +81,7 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
     findings.append(check_log(cfg, owner_uid))
     findings.append(check_placement(cfg))
     findings.append(_check_archive_access(cfg))
+    findings.append(check_indexer(cfg))
     findings.append(check_pulse(cfg, node or environ.get("SLURMD_NODENAME", "")))
     findings.append(_check_gpu(cfg, node))
     slurm_version = ""
@@ -557,6 +558,36 @@ def check_pulse(cfg: Config, node: str = "") -> Finding:
     return Finding("pulse", "pass", f"munged answers (uid {said.uid}); a job's hub here "
                    f"listens on {address}, ports {cfg.pulse.ports} (open them between "
                    "compute nodes)")
+
+
+INDEXER_LATE_S = 30 * 60.0  # a spool record this old: the indexer's timer is not running
+
+
+def check_indexer(cfg: Config, now: float | None = None) -> Finding:
+    """The archive's indexer: its last run and what waits in the spool (where this
+    process may read the index: root)."""
+    import time
+
+    from wrapper.archive import index as index_mod
+    from wrapper.goodput.view import span as age
+
+    root = cfg.paths.archive_root
+    if not cfg.archive.enabled or not os.path.isdir(root) or not index_mod.may_read(root):
+        return Finding("archive.indexer", "pass", "not checked here: no archive this "
+                       "process keeps the index of")
+    now = time.time() if now is None else now
+    found = index_mod.backlog(root, now)
+    ran = found.last_run.get("ran_at") if found.last_run else None
+    last = f"last run {age(now - ran)} ago" if isinstance(ran, int | float) else \
+        "never run by `jobwrap archive index`"
+    waiting = f"{found.records}{'+' if found.records >= index_mod.BACKLOG_MAX else ''} " \
+              f"record{'s' if found.records != 1 else ''} in the spool" + \
+              (f", the oldest {age(found.oldest_s)} old" if found.oldest_s is not None else "")
+    if found.oldest_s is not None and found.oldest_s > INDEXER_LATE_S:
+        return Finding("archive.indexer", "warn", f"{last}; {waiting}",
+                       "enable the indexer where the index is kept: systemctl enable --now "
+                       "jobwrap-indexer.timer (systemd/, docs/systemd.md), or its cron line")
+    return Finding("archive.indexer", "pass", f"{last}; {waiting}")
 
 
 def _check_archive_access(cfg: Config) -> Finding:

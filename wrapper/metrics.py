@@ -264,6 +264,19 @@ def record_slow_node(cfg: MetricsConfig, *, node: str, score: float) -> bool:
                {labels(node=node): score})])
 
 
+def record_indexer(cfg: MetricsConfig, *, folded: int, left: int) -> bool:
+    """A run of the archive's indexer (`jobwrap archive index`, its timer's)."""
+    import time
+
+    return _apply_quietly(cfg, [
+        Change("jobwrap_archive_indexer_last_run_timestamp_seconds", "When the archive's "
+               "indexer last ran (jobwrap-indexer.timer).", "gauge", {labels(): time.time()}),
+        Change("jobwrap_archive_indexer_folded_total", "Epilog records the indexer folded "
+               "into the archive's index.", "counter", {labels(): float(folded)}, add=True),
+        Change("jobwrap_archive_spool_records", "Epilog records waiting in the archive's "
+               "spool after the indexer's last run.", "gauge", {labels(): float(left)})])
+
+
 def record_goodput(cfg: MetricsConfig, *, failure_class: str, productive_s: float,
                    wall_s: float, lost_s: float, gap: tuple[str, float] | None = None,
                    ended_ettr: float | None = None, node: str = "") -> bool:

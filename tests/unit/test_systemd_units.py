@@ -44,7 +44,9 @@ REPO = Path(__file__).resolve().parents[2]
 SYSTEMD = REPO / "systemd"
 SUPERVISOR = SYSTEMD / "jobwrap-supervisor@.service"
 UNITS = {"jobwrap-supervisor@.service": "jobwrap-supervisor@4242.service",
-         "jobwrap-login-guard.service": "jobwrap-login-guard.service"}
+         "jobwrap-login-guard.service": "jobwrap-login-guard.service",
+         "jobwrap-indexer.service": "jobwrap-indexer.service"}
+TIMERS = {"jobwrap-indexer.timer": "jobwrap-indexer.service"}  # each, the service it starts
 SYSTEM_UNITS = Path("/usr/lib/systemd/system")
 JOB_ID = "4242"
 
@@ -118,6 +120,8 @@ def _verify_root(tmp_path: Path) -> Path:
     shutil.copytree(SYSTEM_UNITS, root / "usr/lib/systemd/system", symlinks=True)
     (root / "lib").symlink_to("usr/lib")
     (root / "etc/systemd/system").mkdir(parents=True)
+    for name in TIMERS:
+        shutil.copy(SYSTEMD / name, root / "etc/systemd/system" / name)
     for name in UNITS:
         unit = SYSTEMD / name
         shutil.copy(unit, root / "etc/systemd/system" / name)
@@ -152,6 +156,23 @@ def test_verify_reports_what_is_wrong(tmp_path: Path, name: str) -> None:
     (root / program.lstrip("/")).unlink()
     result = _verify(root, UNITS[name])
     assert result.returncode != 0 and f"Command {program} is not executable" in result.stderr
+
+
+def test_every_shipped_unit_is_checked() -> None:
+    assert {p.name for p in SYSTEMD.iterdir()} == set(UNITS) | set(TIMERS)
+
+
+@pytest.mark.parametrize("name", list(TIMERS))
+def test_verify_accepts_each_timer_and_it_starts_its_service(tmp_path: Path,
+                                                              name: str) -> None:
+    root = _verify_root(tmp_path)
+    result = _verify(root, name)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+    text = (SYSTEMD / name).read_text()
+    assert f"Unit={TIMERS[name]}" in text and "OnUnitActiveSec=" in text
+    timer = root / "etc/systemd/system" / name
+    timer.write_text(text.replace("OnUnitActiveSec=", "OnUnitActivSec="))
+    assert "Unknown key 'OnUnitActivSec'" in _verify(root, name).stderr
 
 
 # -- (b) the save in the job's checkpoint folder, under the unit's restrictions -------------

@@ -193,21 +193,28 @@ def _indexer(cfg: Config, rebuild: bool) -> None:
     if not os.path.isdir(root):
         raise UserInputError(f"the archive root {root} does not exist: nothing to index")
     index = index_mod.backend(cfg)
+    started = time.monotonic()
     try:
         if rebuild:
-            index.rebuild(_say)
-            return
-        try:
-            index.check()
-        except index_mod.IndexFault as exc:
-            why = str(exc)
-            index.rebuild(lambda line: _say(f"{why}: built it again from the manifests; "
-                                            f"{line}"))
-            return
-        click.echo(f"folded {index.fold()} records into {index.path}", err=True)
+            folded = index.rebuild(_say).folded
+        else:
+            try:
+                index.check()
+                folded = index.fold()
+                click.echo(f"folded {folded} records into {index.path}", err=True)
+            except index_mod.IndexFault as exc:
+                why = str(exc)
+                folded = index.rebuild(lambda line: _say(
+                    f"{why}: built it again from the manifests; {line}")).folded
+                rebuild = True
+        left = index_mod.record_run(root, folded=folded, seconds=time.monotonic() - started,
+                                    rebuilt=rebuild)
     except OSError as exc:
         raise store.ArchiveError(f"cannot write the archive index {index.path}: "
                                  f"{exc.strerror or exc}") from None
+    from wrapper import metrics
+
+    metrics.record_indexer(cfg.metrics, folded=folded, left=left.records)
 
 
 def open_index(cfg: Config) -> Index | None:

@@ -75,6 +75,8 @@ if TYPE_CHECKING:
 DATABASE = "archive.sqlite"
 LOCK = "indexer.lock"
 SUMMARY = "summary.json"
+LAST_RUN = "indexer.json"  # the last `jobwrap archive index` (a timer's): when, how much
+BACKLOG_MAX = 100_000  # spool files counted at most (jobwrap doctor, the metrics)
 MTBF_WINDOW_S = 30 * 86400.0
 LOCK_WAIT_S = 10.0  # how long a reader waits for another indexer before it reads as is
 
@@ -433,6 +435,71 @@ def _connect(path: str, *, create: bool) -> sqlite3.Connection:
 
 
 # -- what the commands call ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Backlog:
+    """The spool's records not yet folded: how many (at most BACKLOG_MAX), the oldest's
+    age in seconds (None: none), and the last indexer run's record (None: never)."""
+
+    records: int
+    oldest_s: float | None
+    last_run: dict[str, Any] | None
+
+
+def backlog(root: str, now: float | None = None) -> Backlog:
+    """What waits in the spool, and when the indexer last ran (root; never raises)."""
+    now = time.time() if now is None else now
+    records, oldest = 0, None
+    last = None
+    try:
+        root_fd = open_root(root, create=False)
+    except (ArchiveError, OSError):
+        return Backlog(0, None, None)
+    try:
+        index_fd = open_dir(root_fd, FOLDER)
+        try:
+            with contextlib.suppress(ArchiveError, OSError, ValueError):
+                last = read_json(index_fd, LAST_RUN)
+            with contextlib.suppress(ArchiveError, OSError):
+                spool_fd = open_dir(index_fd, SPOOL)
+                try:
+                    with os.scandir(spool_fd) as found:
+                        for entry in found:
+                            if not entry.name.endswith(".json"):
+                                continue
+                            records += 1
+                            with contextlib.suppress(OSError):
+                                mtime = entry.stat(follow_symlinks=False).st_mtime
+                                oldest = mtime if oldest is None else min(oldest, mtime)
+                            if records >= BACKLOG_MAX:
+                                break
+                finally:
+                    os.close(spool_fd)
+        finally:
+            os.close(index_fd)
+    except (ArchiveError, OSError):
+        pass
+    finally:
+        os.close(root_fd)
+    return Backlog(records, None if oldest is None else max(0.0, now - oldest),
+                   last if isinstance(last, dict) else None)
+
+
+def record_run(root: str, *, folded: int, seconds: float, rebuilt: bool) -> Backlog:
+    """The indexer's own record of a run (``.index/indexer.json``), and what it left."""
+    root_fd = open_root(root, create=False)
+    try:
+        index_fd = make_dir(root_fd, FOLDER, PASSABLE)
+        try:
+            write_json_atomic(index_fd, LAST_RUN, {"ran_at": time.time(), "folded": folded,
+                                                   "seconds": round(seconds, 3),
+                                                   "rebuilt": rebuilt}, PASSABLE)
+        finally:
+            os.close(index_fd)
+    finally:
+        os.close(root_fd)
+    return backlog(root)
+
+
 def may_read(root: str) -> bool:
     """Whether this process reads the index: root, or the archive root's owner (a test's,
     a sandbox's). Anyone else reads their own folder of the archive."""

@@ -62,6 +62,38 @@ def test_the_epilog_spools_a_record_and_the_first_reader_builds_the_index(
     assert (code, spooled(root)) == (0, []) and "folded 1 records" in err
 
 
+def test_the_indexer_records_its_run_and_doctor_tells_a_stale_spool(
+        root: Path, shared: Path) -> None:
+    """jobwrap archive index (the timer's) leaves its record and the metrics; doctor
+    warns when a spool record waits past INDEXER_LATE_S, and names the timer."""
+    from wrapper.doctor import INDEXER_LATE_S, check_indexer
+
+    metrics = shared / "jobwrap.prom"
+    config_path = config_file(shared)
+    with open(config_path, "a") as handle:
+        handle.write(f'[metrics]\ntextfile = "{metrics}"\n')
+    cfg = load(config_path)
+    write_job(root, "alice", "1")
+    [name] = spooled(root)
+    old = time.time() - INDEXER_LATE_S - 60
+    os.utime(root / ".index" / "spool" / name, (old, old))
+    found = check_indexer(cfg)
+    assert found.status == "warn" and "never run by `jobwrap archive index`; 1 record in " \
+        "the spool, the oldest 31m" in found.detail and "jobwrap-indexer.timer" in found.fix
+    code, _, err = jobwrap(config_path, "archive", "index")
+    assert code == 0 and "built it again from the manifests" in err, err  # none yet
+    found = check_indexer(cfg)
+    assert found.status == "pass" and found.detail.startswith("last run ") and \
+        found.detail.endswith("ago; 0 records in the spool"), found
+    ran = json.loads((root / ".index" / index_mod.LAST_RUN).read_text())
+    assert ran["folded"] == 1 and ran["rebuilt"] is True  # no index yet: built
+    text = metrics.read_text()
+    assert "jobwrap_archive_spool_records 0" in text and \
+        "jobwrap_archive_indexer_folded_total 1" in text, text
+    write_job(root, "bob", "2")  # a fresh record is no backlog to warn of
+    assert check_indexer(cfg).status == "pass"
+
+
 def test_the_index_is_private_and_its_summary_holds_no_row(root: Path) -> None:
     write_job(root, "alice", "1", kinds=("hardware", "success"))
     SqliteIndex(str(root)).rebuild()
