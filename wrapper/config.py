@@ -823,9 +823,9 @@ def _check_pulse(pulse: PulseConfig, problems: list[str]) -> None:
         problems.append(f"[pulse] slow_below = {pulse.slow_below:g}: expected under 1 (a "
                         "score of 1.0 is as fast as the job's typical rank; 0.85 names a "
                         "node ~18% slower), or 0 to name no node")
-    if pulse.slow_window < 3 * pulse.sample_interval:
-        problems.append(f"[pulse] slow_window = {pulse.slow_window:g}: expected at least 3 "
-                        f"x sample_interval ({3 * pulse.sample_interval:g}): a speed is "
+    if pulse.slow_window < 5 * pulse.sample_interval:
+        problems.append(f"[pulse] slow_window = {pulse.slow_window:g}: expected at least 5 "
+                        f"x sample_interval ({5 * pulse.sample_interval:g}): a speed is "
                         "judged over several samples")
     if pulse.lost_after < 3 * pulse.interval:
         problems.append(f"[pulse] lost_after = {pulse.lost_after:g}: expected at least 3 x "

@@ -181,6 +181,8 @@ class SlowJudge:
     window: float = 60.0
     below: float = 0.85
     hold: float = 30.0
+    interval: float = 3.0  # the samples' interval: a node's sample older than
+    # LATE_AFTER of them is stale, and adds nothing
     history: dict[tuple[str, Any], deque[tuple[float, float]]] = field(default_factory=dict)
     low_since: dict[str, float] = field(default_factory=dict)
     named: dict[str, float] = field(default_factory=dict)  # node: its score when named
@@ -189,23 +191,37 @@ class SlowJudge:
     def round(self, now: float, samples: Mapping[str, tuple[float, dict[str, Any]]],
               nodes: Collection[str], *, stuck: bool = False) -> list[str]:
         """The nodes named in this round (``stuck``: the hang judge holds the job stuck;
-        a hang says nothing of speed)."""
-        seen = set()
+        a hang says nothing of speed). Each rank's points are its node's own clock (the
+        sample's ``t``): a sample seen twice adds one point, and a node's stale sample
+        none (its ranks' demand is then not judged, nor the job's)."""
+        seen: set[tuple[str, Any]] = set()
+        fresh: set[str] = set()
         for node in nodes:
-            listed = samples.get(node, (0.0, {}))[1].get("ranks")
+            heard, sample = samples.get(node, (0.0, {}))
+            if node not in samples or now - heard > LATE_AFTER * self.interval:
+                seen.update(k for k in self.history if k[0] == node)  # kept, not added to
+                continue
+            fresh.add(node)
+            t = sample.get("t")
+            t = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else heard
+            listed = sample.get("ranks")
             for rank in listed if isinstance(listed, list) else []:
-                if not isinstance(rank, dict) or not isinstance(rank.get("busy"), int | float):
+                busy = rank.get("busy") if isinstance(rank, dict) else None
+                if not isinstance(busy, int | float) or isinstance(busy, bool):
                     continue
                 key = (node, rank.get("pid"))
                 seen.add(key)
                 points = self.history.setdefault(key, deque())
-                points.append((now, float(rank["busy"])))
-                while points and now - points[0][0] > self.window:
+                if points and t <= points[-1][0]:
+                    continue  # the same sample again (or a clock that went back)
+                points.append((t, float(busy)))
+                while points[-1][0] - points[0][0] > self.window:
                     points.popleft()
         self.history = {k: v for k, v in self.history.items() if k in seen}
+        span = self.window - 1.5 * self.interval  # what a full window holds, at least
         demand = {k: (p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0])
                   for k, p in self.history.items()
-                  if len(p) >= 2 and p[-1][0] - p[0][0] >= 0.8 * self.window}
+                  if k[0] in fresh and len(p) >= 2 and p[-1][0] - p[0][0] >= max(span, 1e-6)}
         scored = {n for n, _ in demand}
         # a node scored before whose ranks are gone (the job ending, a rank restarting)
         # leaves the others unjudged, its score kept; a node lost leaves the judge

@@ -42,6 +42,7 @@ FILES_MAX = 64  # dumps read on one node (its ranks)
 FILE_MAX = 8 << 20  # bytes of one dump
 GROUPS_MAX = 4  # process groups told per rank (the ones with the newest collectives)
 TEXT_MAX = 120
+SEQ_MAX = 1 << 63  # a sequence number past this is no recorder's
 
 
 def exports(entries: int, scratch: str | None, environ: Mapping[str, str]) -> dict[str, str]:
@@ -101,18 +102,27 @@ def parse(raw: bytes) -> dict[str, Any]:
 
 
 def _text(value: Any) -> str:
-    out = "".join(c if c.isprintable() else "?" for c in str(value))
-    return out[:TEXT_MAX]
+    """A short printable ASCII text of a string or number: cut before it is looked at (a
+    pickle can hand the same huge string, or a deep list, in many places); anything
+    else is "?"."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return "?"
+    raw = value[:TEXT_MAX] if isinstance(value, str) else \
+        (str(value) if abs(value) < SEQ_MAX else "?")
+    return "".join(c if c.isascii() and c.isprintable() else "?" for c in raw)
 
 
 def _frame(entry: Mapping[str, Any]) -> str:
     """The innermost frame outside torch: where the job called the collective."""
     frames = entry.get("frames")
-    for frame in frames if isinstance(frames, list) else []:
-        if isinstance(frame, dict) and "/torch/" not in str(frame.get("filename", "")):
-            return _text(f"{frame.get('name', '?')} "
-                         f"({os.path.basename(str(frame.get('filename', '?')))}:"
-                         f"{frame.get('line', '?')})")
+    for frame in frames[:64] if isinstance(frames, list) else []:
+        if not isinstance(frame, dict):
+            continue
+        path = frame.get("filename")
+        path = path[-400:] if isinstance(path, str) else "?"
+        if "/torch/" not in path:
+            return _text(f"{_text(frame.get('name'))} ({_text(os.path.basename(path))}:"
+                         f"{_text(frame.get('line'))})")
     return ""
 
 
@@ -126,7 +136,8 @@ def summarise(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         seq = entry.get("collective_seq_id")
         group = entry.get("process_group")
         name = group[0] if isinstance(group, list | tuple) and group else entry.get("pg_id")
-        if not isinstance(seq, int) or isinstance(seq, bool) or name is None:
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < SEQ_MAX \
+                or name is None:
             continue
         pg = _text(name)
         if pg not in newest or seq > newest[pg]["seq"]:
@@ -155,14 +166,25 @@ def read_folder(folder: str) -> list[dict[str, Any]]:
                     break
         for rank, name in sorted(names)[:FILES_MAX]:
             try:
-                out.append({"rank": rank, "groups": summarise(parse(_read(fd, name)))})
+                raw = _read(fd, name)
+                out.append({"rank": rank, "groups": summarise(parse(raw)),
+                            "mtime": _mtime(fd, name)})
             except (OSError, DumpError) as exc:
-                out.append({"rank": rank, "error": _text(exc)})
+                out.append({"rank": rank, "error": _text(str(exc))})
+            except Exception as exc:  # one hostile file costs its own rank only
+                out.append({"rank": rank, "error": f"not read: {type(exc).__name__}"})
     except OSError:
         pass
     finally:
         os.close(fd)
     return out
+
+
+def _mtime(folder_fd: int, name: str) -> float:
+    try:
+        return os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0
 
 
 def _read(folder_fd: int, name: str) -> bytes:

@@ -101,14 +101,14 @@ def collect(cfg: Any, *, job_id: str, node: str, attempt: int, uid: int, gid: in
     stacks = got.get("stacks") or {}
     out_ranks = []
     for p in ranks:
-        got = stacks.get(str(p["pid"]), {})
+        stack = stacks.get(str(p["pid"]), {})
         entry: dict[str, Any] = {"node": node, "pid": p["pid"], "rank": p["rank"],
                                  "cmd": p["cmd"]}
-        if "threads" in got:
-            entry.update(summarise(got["threads"], p["pid"]))
-            entry["in_collective"] = where(got["threads"], p["pid"]).get("coll", False)
+        if "threads" in stack:
+            entry.update(summarise(stack["threads"], p["pid"]))
+            entry["in_collective"] = where(stack["threads"], p["pid"]).get("coll", False)
         else:
-            entry.update({"frames": [], "error": got.get("error", "not read")})
+            entry.update({"frames": [], "error": stack.get("error", "not read")})
         out_ranks.append(entry)
     if not procs:
         problems.append("no process of the job's user carries this job's SLURM_JOB_ID here")

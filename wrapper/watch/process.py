@@ -269,7 +269,8 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
                           flight_folder=_flight_folder(cfg, args))
     judge = HangJudge(floor=p.hang_floor, k=p.hang_k, interval=interval) \
         if first and (pulse is not None or len(nodes) == 1) else None
-    slow = SlowJudge(window=p.slow_window, below=p.slow_below, hold=p.slow_hold) \
+    slow = SlowJudge(window=p.slow_window, below=p.slow_below, hold=p.slow_hold,
+                     interval=interval) \
         if judge is not None and p.slow_below > 0 and len(nodes) > 1 else None
     kept: list[tuple[dict[str, float], list[str]]] = []  # what was last written for the epilog
     stopping = threading.Event()
@@ -295,9 +296,8 @@ def _start_sampler(cfg: Config, store: JobStore, args: argparse.Namespace,
                     for node in slow.round(now, seen, alive, stuck=judge.since is not None):
                         _slow_found(cfg, store, args, node, slow)
                     now_kept = (dict(slow.scores), sorted(slow.named))
-                    if slow.scores and [now_kept] != kept:
+                    if slow.scores and [now_kept] != kept and _keep_speed(store, args, slow):
                         kept[:] = [now_kept]
-                        _keep_speed(store, args, slow)
             stopping.wait(max(0.2, interval - (time.monotonic() - started)))
 
     def guarded() -> None:
@@ -333,15 +333,18 @@ def _slow_found(cfg: Config, store: JobStore, args: argparse.Namespace, node: st
         metrics.record_slow_node(cfg.metrics, node=node, score=score)
 
 
-def _keep_speed(store: JobStore, args: argparse.Namespace, judge: SlowJudge) -> None:
+def _keep_speed(store: JobStore, args: argparse.Namespace, judge: SlowJudge) -> bool:
     """Every node's newest score, for the epilog's ``pulse.speed`` (one root file,
-    rewritten when a score changes: no event per round)."""
+    rewritten when a score changes: no event per round); a node named and since lost
+    keeps the score it was named at. False when it could not be written."""
     try:
         store.state.write_json(PULSE_SPEED_FILE, {
-            "attempt": args.attempt, "scores": judge.scores, "named": sorted(judge.named),
-            "window_s": judge.window})
+            "attempt": args.attempt, "scores": {**judge.named, **judge.scores},
+            "named": sorted(judge.named), "window_s": judge.window})
     except (JobwrapError, OSError) as exc:
         log.get().error("pulse.not_recorded", error=str(exc)[:300])
+        return False
+    return True
 
 
 def _hang_found(store: JobStore, args: argparse.Namespace, verdict: Verdict,
@@ -350,11 +353,18 @@ def _hang_found(store: JobStore, args: argparse.Namespace, verdict: Verdict,
     tick (``pulse-hang.json``, root's, in the job's state folder): it ends the hang as its
     own, after the forensics. Where ranks dumped PyTorch's flight recorder, the ranks it
     says never joined are named too."""
+    import time
+
     from wrapper.pulse.judge import label
     from wrapper.watch.flight import not_joined
 
     named = [label(s) for s in verdict.stuck]
-    flight, said = not_joined(r for _, sample in samples.values() for r in _flight_of(sample))
+    # dumps written since the job got stuck (less a margin): an earlier run's, left in the
+    # scratch by a restart in place, say nothing of this hang
+    since = time.time() - verdict.held_s - 30.0
+    flight, said = not_joined(r for _, sample in samples.values() for r in _flight_of(sample)
+                              if not isinstance(when := r.get("mtime"), int | float)
+                              or when >= since)
     log.get().error("pulse.hang", stuck=named, held_s=verdict.held_s, why=verdict.why,
                     flight=flight)
     event = ev.PulseHang(attempt=args.attempt, node=args.node, stuck=named,
@@ -363,8 +373,6 @@ def _hang_found(store: JobStore, args: argparse.Namespace, verdict: Verdict,
                          why=verdict.why + (f"; flight recorder: {said}" if said else ""),
                          flight=flight)
     try:
-        import time
-
         store.state.write_json(PULSE_HANG_FILE, {**event.encode(), "time": time.time()})
         store.record(event)
     except (JobwrapError, OSError) as exc:

@@ -39,6 +39,7 @@ from wrapper.watch.procs import COLLECTIVE_FILES, COLLECTIVE_NAMES, FRAME_MAX, H
 
 PROCS_MAX = 512  # the job's processes looked at on one node, at most
 RANKS_MAX = 64  # ranks sampled on one node, at most (their stacks cost ~7 ms of CPU each)
+FLIGHT_BYTES = 16 << 10  # of a sample's flight-recorder summaries (the beat carries 64 KiB)
 # Where DDP waits for its gradients' all-reduce: the main thread, idle inside autograd's
 # backward (the reducer's collective runs from C++; the Python stack shows backward only).
 BACKWARD_FILES = ("torch/autograd/graph.py", "torch/autograd/__init__.py")
@@ -183,6 +184,20 @@ def where(threads: Any, pid: int) -> dict[str, Any]:
     return {"coll": coll, "idle": idle, "sig": sig, "at": at}
 
 
+def _bounded(records: list[Any], limit: int) -> list[Any]:
+    """The first ``records`` whose JSON fits ``limit`` bytes: the flight recorder's part
+    of a sample never pushes the sample past what the beat carries."""
+    import json
+
+    out, size = [], 0
+    for record in records:
+        size += len(json.dumps(record, separators=(",", ":"))) + 1
+        if size > limit:
+            break
+        out.append(record)
+    return out
+
+
 def read_as_user(spy: str, pids: list[int], budget: float,
                  flight_folder: str | None) -> dict[str, Any]:
     """In a child as the job's user: the ranks' stacks (py-spy) and the flight recorder's
@@ -251,5 +266,5 @@ class NodeSampler:
             out.append(entry)
         sample: dict[str, Any] = {"node": self.node, "t": round(now, 3), "ranks": out}
         if got.get("flight"):
-            sample["fr"] = got["flight"][:RANKS_MAX]
+            sample["fr"] = _bounded(got["flight"][:RANKS_MAX], FLIGHT_BYTES)
         return sample

@@ -29,7 +29,7 @@ def rounds(rates: dict[str, float | list[float]], seconds: float, *, start: floa
         for node, node_rates in per_rank.items():
             for i, rate in enumerate(node_rates):
                 busy[(node, i)] = busy.get((node, i), 0.0) + rate * STEP
-        out.append((t, {n: (t, {"node": n, "ranks": [
+        out.append((t, {n: (t, {"node": n, "t": t, "ranks": [
             {"pid": 100 + i, "rank": f"{n}.{i}", "busy": busy[(n, i)]}
             for i in range(len(per_rank[n]))]}) for n in per_rank}))
         t += STEP
@@ -112,3 +112,30 @@ def test_a_lost_node_leaves_the_judge_and_the_others_are_judged_on() -> None:
         alive = [n for n in sorted(samples) if n != "n3"] if t >= 30 else sorted(samples)
         got += [(t, n) for n in judge.round(t, samples, alive)]
     assert [n for _, n in got] == ["n4"] and "n3" not in judge.scores, (got, judge.scores)
+
+
+def test_a_node_whose_samples_stop_coming_names_no_healthy_node() -> None:
+    """A node's last sample stays in the snapshot; were it read again each round, its
+    ranks' demand would fall toward 0 and pull the median down on the others."""
+    judge = SlowJudge()
+    played = rounds({"n1": 0.9, "n2": 0.9}, 90)
+    frozen = played[-1][1]["n2"]
+    busy = {("n1", 0): played[-1][1]["n1"][1]["ranks"][0]["busy"]}
+    for t, samples in rounds({"n1": 0.9}, 150, start=90, busy=busy):
+        played.append((t, {**samples, "n2": frozen}))
+    assert named(judge, played) == [] and judge.scores == {"n1": 1.0, "n2": 1.0}
+
+
+def test_the_same_sample_seen_twice_adds_one_point() -> None:
+    judge = SlowJudge()
+    played = rounds({"n1": 0.7, "n2": 0.7, "n3": 1.0}, 180)
+    doubled = [(t + d, samples) for t, samples in played for d in (0.0, 1.0)]
+    assert [n for _, n in named(judge, doubled)] == ["n3"]
+    assert judge.scores["n3"] == 0.7  # not diluted by the repeats
+
+
+@pytest.mark.parametrize("window", [15.0, 20.0, 60.0])
+def test_every_window_the_config_allows_scores(window: float) -> None:
+    judge = SlowJudge(window=window, hold=0.0)
+    got = named(judge, rounds({"n1": 0.7, "n2": 0.7, "n3": 1.0}, window * 3))
+    assert [n for _, n in got] == ["n3"], (window, judge.scores)

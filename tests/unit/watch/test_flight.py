@@ -58,6 +58,26 @@ def test_a_pickle_naming_anything_is_refused_before_it_runs(tmp_path: Path) -> N
     assert not marker.exists()
 
 
+def test_shared_huge_strings_deep_nesting_and_huge_numbers_cost_little(tmp_path: Path
+                                                                        ) -> None:
+    """A pickle can name one huge string (or a deep list) in many places at no size;
+    each is cut before it is looked at, and one bad file loses only its own rank."""
+    huge = "A" * (4 << 20)
+    shared = [huge] * 2000
+    entries = [{"collective_seq_id": i, "process_group": (huge, "x"), "profiling_name": huge,
+                "frames": [{"name": huge, "filename": huge, "line": huge}]}
+               for i in range(200)] + [{"collective_seq_id": 1 << 70, "pg_id": shared}]
+    (tmp_path / "rank_0").write_bytes(pickle.dumps({"entries": entries}))
+    deep = b"]" * 200000  # EMPTY_LIST opcodes, each appended (a) to the one before
+    (tmp_path / "rank_1").write_bytes(b"\x80\x04" + deep + b"a" * 199999 + b".")
+    shutil.copy(FIXTURES / "gloo-3ranks" / "rank_2", tmp_path / "rank_2")
+    records = {r["rank"]: r for r in flight.read_folder(str(tmp_path))}
+    [group] = records[0]["groups"]
+    assert group["seq"] == 199 and len(group["pg"]) == flight.TEXT_MAX  # the huge seq: out
+    assert len(group["at"]) <= flight.TEXT_MAX
+    assert "error" in records[1] and records[2]["groups"][0]["seq"] == 3, records[1]
+
+
 def test_links_fifos_huge_files_and_odd_names_are_not_read(tmp_path: Path) -> None:
     shutil.copy(FIXTURES / "gloo-3ranks" / "rank_0", tmp_path / "rank_0")
     secret = tmp_path / "secret"
