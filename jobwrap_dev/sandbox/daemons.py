@@ -37,7 +37,11 @@ def alive(daemon: Daemon) -> bool:
 
     try:
         proc = psutil.Process(daemon.pid)
-        return bool(proc.create_time() == daemon.started
+        # the same process when it started within a second of ours: psutil adds the boot
+        # time, which the kernel reports in whole seconds of a clock NTP slews, so the
+        # same process's create_time can move by 1 s (seen: both tiers' daemons "gone" at
+        # once, mid-run); a pid reused within a second of the first start is not a case
+        return bool(abs(proc.create_time() - daemon.started) < 1.5
                     and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False

@@ -2,9 +2,8 @@
 real torch ranks, with no change to the script.
 
 A real 3-rank gloo DDP job, one rank per node, each rank one thread on the node's two
-CPUs. Once it trains, n3's rank is held to 0.45 of a CPU by a cgroup quota (what a
-throttled or shared node does; a third of the 1.33 CPUs the three ranks share on this
-host's two cores would be 0.67): n3 is named slow, and no other node. The sandbox
+CPUs. Once it trains, n3's rank is held by a cgroup quota to a third of the CPU it was
+getting (what a throttled or shared node does): n3 is named slow, and no other node. The sandbox
 shortens the judge's window and hold to 30 s and 15 s (``tests/bench/run straggler``
 runs the site's 60 s and 30 s). Then the job's output, ``jobwrap status``, ``jobwrap
 report`` and the first node's metrics tell it.
@@ -16,6 +15,8 @@ import json
 import subprocess
 import time
 from pathlib import Path
+
+import psutil
 
 import jobwrap_dev.sandbox
 from jobwrap_dev.sandbox.cluster import Cluster
@@ -47,7 +48,14 @@ def test_a_throttled_node_is_named_and_told_everywhere(cluster: Cluster) -> None
     cluster.wait_output(out, "step 100 at", timeout=240)
     found = cluster.python_ranks(job_id)
     assert sorted(found) == ["n1", "n2", "n3"], found
-    with throttled(found["n3"], 0.45, f"jobwrap-test-slow-{job_id}"):
+    # a third of what n3's rank gets now: the quota binds however busy the host is (CI
+    # runs four sandboxes on two cores; tests/bench/run straggler measures ~30% slower
+    # on a quiet host)
+    rank = psutil.Process(found["n3"])
+    before, t0 = sum(rank.cpu_times()[:2]), time.monotonic()
+    time.sleep(5)
+    rate = (sum(rank.cpu_times()[:2]) - before) / (time.monotonic() - t0)
+    with throttled(found["n3"], max(0.05, rate / 3), f"jobwrap-test-slow-{job_id}"):
         deadline, named = time.monotonic() + 240, []
         while not named and time.monotonic() < deadline:
             named = [e for e in cluster.events(job_id, root_only=True)
