@@ -23,6 +23,8 @@ class _Group(click.Group):
                                       "check": "wrapper.gpu.cli:check",
                                       "doctor": "wrapper.doctor:doctor",
                                       "install-lua": "wrapper.submit.lua:install_lua",
+                                      "install": "wrapper.install.cli:install",
+                                      "uninstall": "wrapper.install.cli:uninstall",
                                       "archive": "wrapper.archive.cli:archive",
                                       "status": "wrapper.goodput.cli:status",
                                       "report": "wrapper.goodput.cli:report"}
@@ -189,12 +191,7 @@ def config_defaults() -> None:
     """Print every key with its default and what it does."""
     from wrapper import config
 
-    section = None
-    for sect, key, default, doc in config.documented_defaults():
-        if sect != section:
-            click.echo(f"\n[{sect}]")
-            section = sect
-        click.echo(f"# {doc}\n{key} = {config._toml_value(default)}")
+    click.echo(config.defaults_toml(), nl=False)
 
 
 def main() -> None:

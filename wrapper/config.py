@@ -888,6 +888,19 @@ def documented_defaults() -> list[tuple[str, str, Any, str]]:
     return rows
 
 
+def defaults_toml(*, commented: bool = False) -> str:
+    """Every key with its default and what it does, as TOML; ``commented``: each key a
+    comment too, so a site's file (``jobwrap install``) sets nothing until it is edited and
+    later releases' defaults still apply."""
+    out, section = [], None
+    for sect, key, default, doc in documented_defaults():
+        if sect != section:
+            out.append(f"\n[{sect}]")
+            section = sect
+        out.append(f"# {doc}\n{'# ' if commented else ''}{key} = {_toml_value(default)}")
+    return "\n".join(out) + "\n"
+
+
 def to_toml(config: Config) -> str:
     """Render the effective config as TOML that :func:`parse` reads back unchanged."""
     out = [f"# effective jobwrap configuration (source: {config.source})"]

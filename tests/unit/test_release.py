@@ -61,6 +61,12 @@ def test_the_wheel_holds_what_a_node_runs_and_no_developer_code(built: dict[str,
         names = wheel.namelist()
     assert "wrapper/submit/job_submit.lua" in names and "wrapper/py.typed" in names
     assert "wrapper/watch/flight.py" in names and "wrapper/pulse/judge.py" in names
+    # what `jobwrap install` places on a node: every file of the checkout's hooks and units
+    shipped_files = {str(p.relative_to(ROOT)) for p in (ROOT / "wrapper" / "ship").rglob("*")
+                     if p.is_file() and "__pycache__" not in p.parts}
+    assert shipped_files and shipped_files <= set(names)
+    assert {"wrapper/ship/prolog/prolog", "wrapper/ship/systemd/jobwrap-indexer.timer"
+            } <= shipped_files
     shipped = {n for n in names if n.startswith("wrapper/") and n.endswith(".py")}
     assert shipped == {str(p.relative_to(ROOT)) for p in (ROOT / "wrapper").rglob("*.py")}
     assert not [n for n in names if n.startswith(("jobwrap_dev/", "tests/", "tools/"))]
@@ -71,8 +77,8 @@ def test_the_sdist_carries_the_licence_changelog_and_readme(built: dict[str, Pat
     with tarfile.open(built["sdist"]) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml",
-            "prolog/prolog", "epilog/epilog", "systemd/jobwrap-login-guard.service",
-            "docs/security.md"} <= names
+            "wrapper/ship/prolog/prolog", "wrapper/ship/epilog/epilog",
+            "wrapper/ship/systemd/jobwrap-login-guard.service", "docs/security.md"} <= names
 
 
 def test_the_readme_names_every_doc_and_tool() -> None:

@@ -1,0 +1,1 @@
+wrapper/ship/prolog
