@@ -408,14 +408,6 @@ class Cluster:
         if fresh and wheel is not None:  # built against this very Slurm
             runner.run([*pip, "--no-deps", str(wheel)], timeout=600)
         shutil.rmtree(stage, ignore_errors=True)
-        for hooks in ("prolog", "epilog"):
-            target = self.runtime / hooks
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(self.source / hooks, target)
-        (self.runtime / "jobwrap.env").write_text(
-            f"JOBWRAP_CONFIG={self.jobwrap_config}\n"
-            f"SLURM_CONF={self.conf}\n"
-            f"JOBWRAP_BIN={venv / 'bin' / 'jobwrap'}\n")
         for path in [self.runtime, *self.runtime.rglob("*")]:
             mode = path.lstat().st_mode
             if not stat.S_ISLNK(mode):
@@ -454,12 +446,14 @@ class Cluster:
             f"Weight={weight} State=UNKNOWN"  # idle nodes are filled in order: n1 first
             for weight, (name, port) in enumerate(zip(spec.nodes, spec.node_ports,
                                                       strict=True), start=1))
-        rt = self.runtime
         b = self.base
         storage = self._accounting().slurm_conf() if spec.accounting else \
             "AccountingStorageType=accounting_storage/none\n"
-        scheduler = ",".join(filter(None, ["nohold_on_prolog_fail", flavor.scheduler_workaround(
-            spec.slurm_prefix, spec.accounting)]))
+        workaround = flavor.scheduler_workaround(spec.slurm_prefix, spec.accounting)
+        # The site's own lines only: jobwrap's (Prolog, Epilog, TaskProlog, JobRequeue,
+        # JobSubmitPlugins, nohold_on_prolog_fail) are merged in by `jobwrap install`, as on
+        # a site's cluster (install_jobwrap below).
+        scheduler = f"SchedulerParameters={workaround}\n" if workaround else ""
         self.conf.write_text(f"""# written by jobwrap's sandbox; a throwaway cluster on one host
 ClusterName=jobwrap-sandbox
 SlurmctldHost={host}(127.0.0.1)
@@ -481,13 +475,10 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU={memory // spec.cpus_per_node}
 SchedulerType=sched/backfill
-SchedulerParameters={scheduler}
-ReturnToService=2
-Prolog={rt}/prolog/prolog
-Epilog={rt}/epilog/epilog
-TaskProlog={rt}/prolog/task-prolog
+{scheduler}ReturnToService=2
 PrologEpilogTimeout=120
-JobRequeue=1
+# jobwrap's health check only when a test runs it: a timer would resume the nodes tests drain
+HealthCheckInterval=0
 FirstJobId={self._first_job_id()}
 MinJobAge=3600
 KillWait=5
@@ -497,7 +488,6 @@ MessageTimeout=10
 GresTypes=gpu
 MpiDefault=none
 MailProg=/bin/true
-JobSubmitPlugins=lua
 {nodes}
 PartitionName=debug Nodes={','.join(spec.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
@@ -554,14 +544,25 @@ epilog_budget = 100
             if not path.exists():
                 continue
             os.chmod(path, 0o644)
-        # jobwrap's submit-time checks, beside slurm.conf where slurmctld looks for them
-        from wrapper import config
-        from wrapper.submit.lua import SiteDefaults, install, render
-
-        cfg = config.load(str(self.jobwrap_config))
-        install(b / "etc", render(SiteDefaults.from_config(cfg), str(self.jobwrap_config)))
         (b / "jobwrap" / "archive").mkdir(exist_ok=True)
         os.chmod(b / "jobwrap" / "archive", 0o711)
+        self.install_jobwrap()
+
+    def install_jobwrap(self, verb: str = "install") -> str:
+        """``jobwrap install`` (or ``uninstall``) as an admin runs it on this host, which is
+        the controller and every node: the hooks into the runtime, slurm.conf's lines merged
+        into the sandbox's, job_submit.lua beside it. Returns its output."""
+        args = ["--role", "compute", "--role", "controller", "--slurm-conf", str(self.conf),
+                "--systemd-dir", str(self.base / "etc" / "systemd"), "--no-doctor",
+                "--host", socket.gethostname().split(".")[0]] if verb == "install" else []
+        done = Runner({**os.environ, "SLURM_CONF": str(self.conf)}).run(
+            [str(self.runtime / "venv" / "bin" / "jobwrap"), "--config",
+             str(self.jobwrap_config), verb, "--prefix", str(self.runtime), *args],
+            timeout=120, check=False)
+        if done.returncode != 0:
+            raise SandboxError(f"jobwrap {verb} failed: {done.stdout[-2000:]}"
+                               f"{done.stderr[-2000:]}")
+        return done.stdout
 
     def _start_munge(self) -> None:
         if _munge_works():
