@@ -475,8 +475,15 @@ class ArchiveConfig(Section):
                             "read every archive.")
     index_backend: str = _opt("sqlite", "What keeps the archive's index (one record per job, "
                               "which status, report, list and prune read): sqlite, a file "
-                              "only root reads (see docs/scale.md for a server database).",
-                              choices=("sqlite",))
+                              "only root reads; mariadb, a MariaDB or MySQL database "
+                              "(index_connection), one for several clusters (docs/scale.md).",
+                              choices=("sqlite", "mariadb"))
+    index_connection: str = _opt("/etc/jobwrap/index.cnf", "With index_backend = "
+                                 "\"mariadb\": the client option file naming the database "
+                                 "([client] host, port or socket, user, password, database), "
+                                 "root's and mode 0600 (refused otherwise).", absolute=True)
+    cluster: str = _opt("", "With index_backend = \"mariadb\": this cluster's name in the "
+                        "shared index; empty: slurm.conf's ClusterName.")
     index_path: str = _opt("", "The index's SQLite file; empty: <archive_root>/.index/"
                            "archive.sqlite. On an NFS archive root, a path on the admin "
                            "node's local disk (the spool stays in the archive).")

@@ -82,6 +82,7 @@ def diagnose(*, config_path: str | None, slurm_conf: str | None = None, node: st
     findings.append(check_placement(cfg))
     findings.append(_check_archive_access(cfg))
     findings.append(check_indexer(cfg))
+    findings.append(check_index_database(cfg))
     findings.append(check_pulse(cfg, node or environ.get("SLURMD_NODENAME", "")))
     findings.append(_check_gpu(cfg, node))
     slurm_version = ""
@@ -588,6 +589,33 @@ def check_indexer(cfg: Config, now: float | None = None) -> Finding:
                        "enable the indexer where the index is kept: systemctl enable --now "
                        "jobwrap-indexer.timer (systemd/, docs/systemd.md), or its cron line")
     return Finding("archive.indexer", "pass", f"{last}; {waiting}")
+
+
+def check_index_database(cfg: Config) -> Finding:
+    """With ``[archive] index_backend = "mariadb"``: the connection file is root's alone and
+    the database answers (what the indexer and root's commands need)."""
+    if cfg.archive.index_backend != "mariadb":
+        return Finding("archive.index", "pass", "sqlite, on this host")
+    from wrapper.archive.index import IndexFault
+    from wrapper.archive.index_mariadb import MariaDbIndex, cluster_name
+
+    index = MariaDbIndex(cfg.paths.archive_root, cfg.archive.index_connection,
+                         cluster_name(cfg.archive.cluster))
+    try:
+        index.check()
+    except IndexFault as exc:
+        if "there is no index" in str(exc):
+            return Finding("archive.index", "pass", f"{index.path}: reachable; built by the "
+                           "first `jobwrap archive index`")
+        return Finding("archive.index", "fail", str(exc), "fix [archive] index_connection "
+                       "(docs/scale.md: a server database); until then the commands read the "
+                       "manifests")
+    except Exception as exc:  # a newer layout, or anything the driver raises
+        return Finding("archive.index", "warn", f"{index.path}: {exc}",
+                       "run the newest jobwrap's `jobwrap archive index`")
+    finally:
+        index.close()
+    return Finding("archive.index", "pass", f"{index.path}: reachable, this cluster indexed")
 
 
 def _check_archive_access(cfg: Config) -> Finding:

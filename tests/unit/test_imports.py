@@ -97,7 +97,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "wrapper.goodput", "wrapper.metrics", "wrapper.notify", "wrapper.loginguard"),
     # the entry points
     ("wrapper.hooks", "wrapper.cli", "wrapper.doctor", "wrapper.entry",
-     "wrapper.__main__"),
+     "wrapper.__main__", "wrapper.install"),
 )
 
 

@@ -33,9 +33,9 @@ ordinary user's commands do not open it and read their own folder of the archive
 the file system lets them (``store.scan``). So the index shows no one a row the archive
 itself would not.
 
-The seam: ``Index`` is what the commands use; ``SqliteIndex`` is the one backend
-(``[archive] index_backend``). A server database (MariaDB, as slurmdbd uses) would be a
-second class with the same methods, chosen by that key: docs/scale.md.
+The seam: ``Index`` is what the commands use; ``[archive] index_backend`` picks
+``SqliteIndex`` (one file on one host, the default) or ``MariaDbIndex``
+(wrapper/archive/index_mariadb.py: a server database, one for several clusters).
 """
 
 from __future__ import annotations
@@ -47,22 +47,34 @@ import secrets
 import stat
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from wrapper.archive._fs import (
     ArchiveError,
-    entries,
-    locked,
     make_dir,
     open_dir,
     open_root,
     read_json,
-    tree_size,
     write_json_atomic,
 )
+from wrapper.archive.index_base import (
+    LOCK,
+    LOCK_WAIT_S,
+    MTBF_WINDOW_S,
+    SUMMARY,
+    Index,
+    IndexDown,
+    IndexFault,
+    IndexLocked,
+    Rebuilt,
+    _row,
+    _Spooled,
+    rebuilt_line,
+    spooled_rows,
+    unspool,
+)
 from wrapper.archive.info import ArchiveInfo
-from wrapper.archive.manifest import MANIFEST
-from wrapper.archive.spool import FOLDER, PASSABLE, PRIVATE, SCHEMA, SPOOL, record_of
+from wrapper.archive.spool import FOLDER, PASSABLE, SCHEMA, SPOOL, record_of
 from wrapper.archive.store import scan
 from wrapper.errors import FormatTooNew
 from wrapper.fastdataclass import dataclass
@@ -73,12 +85,8 @@ if TYPE_CHECKING:
     from wrapper.config import Config
 
 DATABASE = "archive.sqlite"
-LOCK = "indexer.lock"
-SUMMARY = "summary.json"
 LAST_RUN = "indexer.json"  # the last `jobwrap archive index` (a timer's): when, how much
 BACKLOG_MAX = 100_000  # spool files counted at most (jobwrap doctor, the metrics)
-MTBF_WINDOW_S = 30 * 86400.0
-LOCK_WAIT_S = 10.0  # how long a reader waits for another indexer before it reads as is
 
 _SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS jobs (
@@ -108,55 +116,12 @@ _LIST = {False: "SELECT user, job_id, updated_at, size, complete, name, attempts
 _LEDGERS = {False: "SELECT job_id, user, ledger FROM jobs WHERE updated_at >= ?",
             True: "SELECT job_id, user, ledger FROM jobs WHERE updated_at >= ? AND user = ?"}
 
-__all__ = ["Index", "IndexFault", "IndexLocked", "SqliteIndex", "reading"]
-
-
-class IndexFault(ArchiveError):
-    """The index cannot be read or written (missing, damaged, of another schema)."""
-
-
-class IndexLocked(IndexFault):
-    """Another indexer holds the lock."""
-
-
-@dataclass(frozen=True)
-class Rebuilt:
-    jobs: int
-    skipped: list[str]  # "user/jobid": manifests that did not parse (the jobs stay listed)
-    folded: int = 0
-
-
-class Index(Protocol):
-    """What the commands ask of the index, whatever keeps it."""
-
-    path: str  # where it is, for messages
-
-    def check(self) -> None: ...
-    def close(self) -> None: ...
-    def fold(self) -> int: ...
-    def rebuild(self, say: Callable[[str], None] | None = None) -> Rebuilt: ...
-    def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]: ...
-    def stream(self, *, since: float | None = None,
-               user: str | None = None) -> Generator[ArchiveInfo, None, None]: ...
-    def total_size(self) -> int: ...
-    def locate(self, job_id: str) -> list[str]: ...
-    def ledgers(self, *, since: float | None,
-                user: str | None) -> Iterator[tuple[str, str, dict[str, Any] | None]]: ...
-    def mtbf(self, since: float) -> float | None: ...
-    def forget(self, removed: Iterable[ArchiveInfo]) -> None: ...
-
-
-def _row(record: dict[str, Any]) -> tuple[Any, ...]:
-    ledger = record.get("ledger")
-    return (str(record["user"]), str(record["job_id"]), float(record["updated_at"]),
-            int(record["size"]), int(bool(record["complete"])), str(record["name"]),
-            record.get("uid"), json.dumps(record["attempts"]), float(record["run_s"]),
-            int(record["failures"]), None if ledger is None else json.dumps(ledger),
-            int(bool(record["parsed"])))
+__all__ = ["LOCK", "LOCK_WAIT_S", "MTBF_WINDOW_S", "SUMMARY", "Index", "IndexDown",
+           "IndexFault", "IndexLocked", "Rebuilt", "SqliteIndex", "backend", "reading"]
 
 
 # -- the SQLite backend --------------------------------------------------------------------
-class SqliteIndex:
+class SqliteIndex(_Spooled):
     """The index in one SQLite file (default ``<archive_root>/.index/archive.sqlite``)."""
 
     def __init__(self, root: str, path: str = "", *, lock_wait: float | None = None) -> None:
@@ -255,32 +220,7 @@ class SqliteIndex:
             self.close()
             raise IndexFault(f"the index {self.path} cannot be read ({exc})") from None
 
-    # writing (one indexer at a time)
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[tuple[int, int]]:
-        """The lock, and the index folder's and spool's descriptors."""
-        root_fd = open_root(self.root, create=False)
-        try:
-            index_fd = make_dir(root_fd, FOLDER, PASSABLE)
-        finally:
-            os.close(root_fd)
-        try:
-            spool_fd = make_dir(index_fd, SPOOL, PRIVATE)
-            try:
-                with contextlib.ExitStack() as stack:
-                    try:
-                        stack.enter_context(locked(index_fd, LOCK, self.lock_wait))
-                    except ArchiveError as exc:
-                        raise IndexLocked(str(exc)) from None
-                    # A connection opened before the lock may be to a file another
-                    # indexer's rebuild has since renamed away: writes there would be lost.
-                    self.close()
-                    yield index_fd, spool_fd
-            finally:
-                os.close(spool_fd)
-        finally:
-            os.close(index_fd)
-
+    # writing (one indexer at a time: _Spooled._writing)
     def fold(self) -> int:
         """Fold the spool into the index; returns how many records it took."""
         import sqlite3
@@ -322,11 +262,7 @@ class SqliteIndex:
                 raise
             self._summarize(index_fd)
         if say is not None:
-            say(f"archive index {self.path}: {jobs} jobs"
-                + (f"; manifests that do not parse (listed, not in reports): "
-                   f"{', '.join(skipped[:10])}" + (f" and {len(skipped) - 10} more"
-                                                   if len(skipped) > 10 else "")
-                   if skipped else ""))
+            say(rebuilt_line(self.path, jobs, skipped))
         return Rebuilt(jobs, skipped, folded)
 
     def forget(self, removed: Iterable[ArchiveInfo]) -> None:
@@ -336,74 +272,19 @@ class SqliteIndex:
                 con.executemany("DELETE FROM jobs WHERE user = ? AND job_id = ?",
                                 [(r.user, r.job_id) for r in removed])
 
-    def _summarize(self, index_fd: int) -> None:
-        now = time.time()
-        write_json_atomic(index_fd, SUMMARY, {"written_at": now, "window_s": MTBF_WINDOW_S,
-                                              "mtbf_s": self.mtbf(now - MTBF_WINDOW_S)},
-                          PASSABLE)
-
 
 def _fold(con: sqlite3.Connection, spool_fd: int, root: str) -> int:
     """The spool's records into ``con``, then out of the spool; returns how many."""
     import sqlite3
 
-    names = sorted(e.name for e in entries(spool_fd)
-                   if e.name.endswith(".json") and not e.name.startswith("."))
-    rows: list[tuple[Any, ...]] = []
-    newer: dict[str, int] = {}
-    for name in names:
-        record = read_json(spool_fd, name)
-        version = record.get("v", 1) if record is not None else None
-        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA:
-            newer[name] = version  # a newer jobwrap's indexer folds it: left where it is
-            continue
-        if record is not None and version != SCHEMA:  # an older jobwrap's epilog wrote it
-            record = _from_archive(root, record.get("user"), record.get("job_id"))
-        if record is not None:
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                rows.append(_row(record))
+    names, rows, newer = spooled_rows(spool_fd, root)
     try:
         with con:
             con.executemany(_UPSERT, rows)
     except sqlite3.DatabaseError as exc:
         raise IndexFault(f"the index cannot take the spool ({exc})") from None
-    for name in names:  # after the commit: a crash before this folds them again, harmlessly
-        if name not in newer:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=spool_fd)
-    if newer:
-        from wrapper import log
-
-        first = min(newer)
-        log.get().warning("archive.index_spool_newer", records=len(newer), error=str(
-            FormatTooNew(f"spool record {first}", "index record", newer[first], SCHEMA)))
+    unspool(spool_fd, names, newer)
     return len(rows)
-
-
-def _from_archive(root: str, user: object, job_id: object) -> dict[str, Any] | None:
-    """A job's index record made again from its archive (an older spool record's job, in
-    this jobwrap's schema); None when its folder is gone or the names are not names."""
-    if not isinstance(user, str) or not isinstance(job_id, str) or "/" in user + job_id \
-            or user.startswith(".") or job_id.startswith("."):
-        return None
-    try:
-        root_fd = open_root(root, create=False)
-        try:
-            user_fd = open_dir(root_fd, user)
-            try:
-                job_fd = open_dir(user_fd, job_id)
-                try:
-                    manifest = read_json(job_fd, MANIFEST)
-                    size, mtime = tree_size(job_fd), os.fstat(job_fd).st_mtime
-                finally:
-                    os.close(job_fd)
-            finally:
-                os.close(user_fd)
-        finally:
-            os.close(root_fd)
-    except (OSError, ArchiveError):
-        return None
-    return record_of(root, user, job_id, manifest, size, mtime)
 
 
 def _args(since: float | None, user: str | None) -> tuple[Any, ...]:
@@ -512,7 +393,13 @@ def may_read(root: str) -> bool:
 
 
 def backend(cfg: Config) -> Index:
-    """The index ``[archive] index_backend`` names (sqlite: the one there is)."""
+    """The index ``[archive] index_backend`` names: SQLite, or MariaDB
+    (wrapper/archive/index_mariadb.py, imported only there)."""
+    if cfg.archive.index_backend == "mariadb":
+        from wrapper.archive.index_mariadb import MariaDbIndex, cluster_name
+
+        return MariaDbIndex(cfg.paths.archive_root, cfg.archive.index_connection,
+                            cluster_name(cfg.archive.cluster))
     return SqliteIndex(cfg.paths.archive_root, cfg.archive.index_path)
 
 
@@ -531,6 +418,10 @@ def reading(cfg: Config, say: Callable[[str], None]) -> Index | None:
             index.fold()
         except IndexLocked as exc:
             say(f"{exc}; reading the index without the newest jobs")
+        except IndexDown as exc:  # nothing to rebuild: the database is not there
+            index.close()
+            say(f"{exc}; reading the manifests instead")
+            return None
         except IndexFault as exc:
             why = str(exc)
             index.rebuild(lambda line: say(f"{why}: built it again from the manifests; {line}"))
