@@ -377,6 +377,14 @@ class PulseConfig(Section):
                               "compares.", positive=True)
     slow_hold: float = _opt(30.0, "Seconds a node's score must stay under slow_below before "
                             "it is named.", non_negative=True)
+    slow_drain_users: int = _opt(0, "Drain a node once jobs of this many different users "
+                                 "named it slow within slow_drain_days (0: never, the record "
+                                 "only). Done by the indexer (jobwrap archive index, root); "
+                                 "the reason starts \"jobwrap: slow:\" and only an admin "
+                                 "resumes it. One user's jobs never count twice: the score "
+                                 "is their own processes' state.", non_negative=True)
+    slow_drain_days: float = _opt(7.0, "The window slow_drain_users counts users' jobs in.",
+                                  positive=True)
 
 
 class RestartConfig(Section):
@@ -830,6 +838,10 @@ def _check_pulse(pulse: PulseConfig, problems: list[str]) -> None:
         problems.append(f"[pulse] slow_below = {pulse.slow_below:g}: expected under 1 (a "
                         "score of 1.0 is as fast as the job's typical rank; 0.85 names a "
                         "node ~18% slower), or 0 to name no node")
+    if pulse.slow_drain_users == 1:
+        problems.append("[pulse] slow_drain_users = 1: one user's jobs would drain any node "
+                        "they run on (the score is their own processes' state); expected 0 "
+                        "(never drain) or 2 or more different users")
     if pulse.slow_window < 5 * pulse.sample_interval:
         problems.append(f"[pulse] slow_window = {pulse.slow_window:g}: expected at least 5 "
                         f"x sample_interval ({5 * pulse.sample_interval:g}): a speed is "

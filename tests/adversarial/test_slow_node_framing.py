@@ -5,6 +5,8 @@ user's job can name any node it runs on; what must hold is that the naming is on
 record: no node is drained or set down, the job is not ended, another user's process
 claiming a rank of the job is never read, and ``jobwrap report`` says how many users'
 jobs named the node, so one user's jobs alone are told apart from a node many find slow.
+A site that drains slow nodes ([pulse] slow_drain_users) needs two users' jobs at least:
+this user's never drain n2, and a config that would let them is refused.
 """
 
 from __future__ import annotations
@@ -72,3 +74,18 @@ def test_a_user_framing_a_node_slow_gets_only_a_record(cluster: Cluster,
         n2 = json.loads(report.stdout)["report"]["nodes"].get("n2", {})
         time.sleep(1)
     assert n2.get("slow", 0) >= 1 and n2["slow_users"] == 1, n2
+    # A site that drains slow nodes ([pulse] slow_drain_users, 2 at least): one user's jobs
+    # never reach it, and a config asking 1 is refused.
+    site = cluster.base / "etc" / "jobwrap-slow-drain.toml"
+    for users, said in ((2, ""), (1, "slow_drain_users = 1: one user's jobs would drain")):
+        site.write_text(cluster.jobwrap_config.read_text().replace(
+            "[pulse]\n", f"[pulse]\nslow_drain_users = {users}\n"))
+        site.chmod(0o644)
+        indexed = subprocess.run([str(cluster.runtime / "venv" / "bin" / "jobwrap"),
+                                  "--config", str(site), "archive", "index"],
+                                 capture_output=True, text=True, env=cluster.env(),
+                                 timeout=60, check=False)
+        assert said in indexed.stderr and "drained" not in indexed.stderr, indexed.stderr
+        assert indexed.returncode == (2 if said else 0), indexed.stderr
+        assert not cluster.node_states()["n2"].startswith(("drain", "down"))
+    site.unlink()

@@ -15,6 +15,7 @@ import pytest
 from jobwrap_dev.sandbox.cluster import Cluster
 from jobwrap_dev.sandbox.daemons import alive
 from tests.support.restarts import restart_slurmd
+from wrapper.runner import Runner
 
 JOB = """#!/bin/bash
 #SBATCH --nodes=2
@@ -59,12 +60,18 @@ def test_uninstall_then_install_on_the_sandbox(cluster: Cluster) -> None:
     assert "Prolog=" not in bare_conf and "JobSubmitPlugins" not in bare_conf
     installed = _snapshot(cluster)
     lua = cluster.conf.parent / "job_submit.lua"
+    scontrol = ["scontrol", "update", "NodeName=n3"]
+    Runner(cluster.env()).run([*scontrol, "State=DRAIN", "Reason=jobwrap: test fault"],
+                              timeout=20)
     try:
         said = cluster.install_jobwrap("uninstall")
+        assert "drained by jobwrap (they stay drained" in said and said.rstrip().endswith(
+            ": n3"), said
+        assert cluster.node_states()["n3"].startswith("drain")  # its fault is real: kept
+        Runner(cluster.env()).run([*scontrol, "State=RESUME"], timeout=20)
         assert cluster.conf.read_text() == bare_conf
         assert not lua.exists() and not (cluster.runtime / "prolog").exists()
         assert not (cluster.base / "etc" / "systemd").exists()
-        assert "no node is drained with a jobwrap: reason" in said, said
         bare = _snapshot(cluster)
         _restart(cluster)
         job_id, lines = _run(cluster)  # Slurm alone: no hook, no export, no event
@@ -87,7 +94,8 @@ def test_uninstall_then_install_on_the_sandbox(cluster: Cluster) -> None:
         refused = cluster.as_user(["sbatch", str(bad)], check=False)
         assert refused.returncode != 0 and "max-restarts" in refused.stderr, refused
 
-        cluster.install_jobwrap("uninstall")
+        said = cluster.install_jobwrap("uninstall")
+        assert "no node is drained with a jobwrap: reason" in said, said
         assert _snapshot(cluster) == bare and cluster.conf.read_text() == bare_conf
     finally:
         if not (cluster.runtime / "install.json").exists():

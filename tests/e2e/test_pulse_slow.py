@@ -92,3 +92,58 @@ def test_a_throttled_node_is_named_and_told_everywhere(cluster: Cluster) -> None
     assert nodes["n1"]["slow"] == 0, nodes
     metrics = cluster.metrics_of("n1").read_text()
     assert 'jobwrap_slow_node_total{node="n3"} 1' in metrics, metrics
+
+
+def test_a_site_that_drains_slow_nodes_needs_two_users_jobs(cluster: Cluster,
+                                                            tmp_path: Path) -> None:
+    """``[pulse] slow_drain_users = 2``: the indexer drains n3 in the real Slurm once jobs of
+    two users named it slow, never for one user's jobs; the health check then leaves that
+    drain for an admin. (The archive is this test's own, written as the epilog writes it.)"""
+    import os
+    import shutil
+
+    from tests.support.archive import write_job
+
+    root = cluster.base / "slow-archive"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(mode=0o711)
+    config = tmp_path / "jobwrap.toml"
+    config.write_text(cluster.jobwrap_config.read_text().replace(
+        f'archive_root = "{cluster.base}/jobwrap/archive"', f'archive_root = "{root}"').replace(
+        "[pulse]\n", "[pulse]\nslow_drain_users = 2\n"))
+    os.chmod(config, 0o644)
+
+    def index() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(cluster.runtime / "venv" / "bin" / "jobwrap"), "--config",
+                               str(config), "archive", "index"], capture_output=True,
+                              text=True, env=cluster.env(), timeout=60, check=False)
+
+    def n3() -> tuple[str, str]:
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", "n3", "-o", "%T|%E"],
+                             capture_output=True, text=True, env=cluster.env(), timeout=20,
+                             check=True).stdout.strip()
+        state, _, reason = out.partition("|")
+        return state, reason
+
+    try:
+        for n in range(3):
+            write_job(root, cluster.spec.user, str(9_000_001 + n), nodes=("n1", "n3"),
+                      slow={"n3": 0.62})
+        done = index()
+        assert done.returncode == 0 and "drained" not in done.stderr, done.stderr
+        assert n3()[0] in ("idle", "mixed", "allocated"), n3()
+        write_job(root, "jwrival", "9000009", nodes=("n2", "n3"), slow={"n3": 0.7})
+        done = index()
+        assert done.returncode == 0 and "drained n3: jobwrap: slow: named by 2 users' " \
+            "jobs in 7 d (4 attempts, speed down to 0.62)" in done.stderr, done.stderr
+        state, reason = n3()
+        assert state.startswith("drain") and reason.startswith("jobwrap: slow: named by 2"), \
+            (state, reason)
+        checked = jobwrap(cluster, "check", "all", "--resume", "--node", "n3")
+        assert n3()[0].startswith("drain"), checked.stdout + checked.stderr  # an admin's now
+        assert "only an admin resumes it" in checked.stdout + checked.stderr
+        assert "drained" not in index().stderr  # a drained node is not drained again
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=n3", "State=RESUME"],
+                       env=cluster.env(), timeout=20, check=False)
+        shutil.rmtree(root, ignore_errors=True)

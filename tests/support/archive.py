@@ -117,14 +117,16 @@ NOW = time.time()  # the index tests' clock: a job's age is counted from here
 
 def write_job(root: Path, user_name: str, job_id: str, *, age_s: float = 600.0,
               kinds: tuple[str, ...] = ("success",), nodes: tuple[str, ...] = ("n1",),
-              gid: int = 0) -> dict[str, Any]:
-    """One job archived through the project's Writer (it spools the job's record)."""
+              gid: int = 0, slow: dict[str, float] | None = None) -> dict[str, Any]:
+    """One job archived through the project's Writer (it spools the job's record);
+    ``slow``: the nodes its pulse named slow in every attempt, with their scores."""
     updated = NOW - age_s  # NOW: this module's import, as the tests' ages are counted
     attempts = [{"attempt": n, "status": "ended", "nodes": list(nodes),
                  "started_at": updated - 3600 * (len(kinds) - n),
                  "ended_at": updated - 3600 * (len(kinds) - n) + 3000, "outcome": kind,
                  "checkpoint_list": [{"ts": updated - 3600 * (len(kinds) - n) + 1000,
-                                      "step": 10 * (n + 1), "path": f"/c/{n}"}]}
+                                      "step": 10 * (n + 1), "path": f"/c/{n}"}],
+                 **({"speed": dict(slow), "slow": sorted(slow)} if slow else {})}
                 for n, kind in enumerate(kinds)]
     manifest = {"schema_version": 1, "updated_at": updated,
                 "job": {"id": job_id, "name": f"train-{job_id}", "user": user_name, "uid": 0},

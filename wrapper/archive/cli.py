@@ -215,6 +215,11 @@ def _indexer(cfg: Config, rebuild: bool) -> None:
     from wrapper import metrics
 
     metrics.record_indexer(cfg.metrics, folded=folded, left=left.records)
+    if cfg.pulse.slow_drain_users > 0:  # the site's choice for nodes named slow
+        from wrapper import slurm
+        from wrapper.archive.slow import drain_named
+
+        drain_named(cfg, index, slurm.backend(cfg.slurm), time.time(), _say)
 
 
 def open_index(cfg: Config) -> Index | None:

@@ -1,8 +1,9 @@
 """When ``jobwrap check --resume`` may return a drained node to service: a pure decision.
 
 Only a node that jobwrap itself drained (its reason starts with ``jobwrap:``) and whose
-checks now pass is resumed. A drain by anyone else, a node that is also down, failing,
-in maintenance or waiting for a reboot, is left for a person.
+checks now pass is resumed, unless it was drained as slow (``jobwrap: slow:``): a slow
+node passes the checks, so an admin resumes it. A drain by anyone else, a node that is
+also down, failing, in maintenance or waiting for a reboot, is left for a person.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 
 from wrapper.fastdataclass import dataclass
-from wrapper.slurm.commands import DRAIN_PREFIX
+from wrapper.slurm.commands import DRAIN_PREFIX, SLOW_DRAIN_PREFIX
 
 _DRAIN_FLAGS = {"DRAIN", "DRAINED", "DRAINING"}
 _HANDS_OFF = {"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
@@ -33,6 +34,9 @@ def decide_resume(state: str, reason: str, verdict: str) -> ResumeDecision:
     if not reason.startswith(DRAIN_PREFIX):
         return ResumeDecision(False, f"drained by someone else (Reason={reason or 'none'}): "
                               "left alone")
+    if reason.startswith(SLOW_DRAIN_PREFIX):
+        return ResumeDecision(False, f"drained by jobwrap as slow ({reason}): a slow node "
+                              "passes the checks, so only an admin resumes it")
     blocking = sorted(flags & _HANDS_OFF)
     if blocking:
         return ResumeDecision(False, f"drained by jobwrap but also {'+'.join(blocking)} "

@@ -28,6 +28,8 @@ from wrapper.slurm.records import (
 )
 
 DRAIN_PREFIX = "jobwrap:"
+# a node drained for being slow (wrapper/archive/slow.py): only an admin resumes it
+SLOW_DRAIN_PREFIX = "jobwrap: slow:"
 NODE_FORMAT = 1  # the "format" of the files in <state_dir>/nodes
 ABILITIES = "scontrol.json"  # in <state_dir>/nodes: what this node's scontrol can do
 
