@@ -34,9 +34,12 @@ def _run(argv: list[str]) -> None:
 
 
 def _slurm_conf(given: str | None) -> Path:
+    """The cluster's slurm.conf; a link (/etc/slurm -> a managed folder) is followed, so the
+    merge edits the file Slurm reads rather than replacing the link by a copy."""
     from wrapper.slurm.conf import DEFAULT_SLURM_CONF
 
-    return Path(given or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)
+    path = Path(given or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 @click.command("install")

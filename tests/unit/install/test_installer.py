@@ -209,3 +209,17 @@ def test_a_record_from_a_newer_jobwrap_is_not_guessed_at(tree: Path) -> None:
     (tree / "opt" / "install.json").write_text('{"format": 99}')
     with pytest.raises(installer.InstallError, match="written by a newer jobwrap"):
         installer.uninstall(tree / "opt")
+
+
+def test_a_slurm_conf_reached_through_a_link_is_edited_where_it_lives(tree: Path) -> None:
+    real = tree / "etc" / "slurm" / "slurm.conf"
+    link = tree / "slurm.conf"
+    link.symlink_to(real)
+    res = CliRunner().invoke(cli, ["--config", str(tree / "etc/jobwrap/config.toml"), "install",
+                                   "--role", "compute", "--prefix", str(tree / "opt"),
+                                   "--slurm-conf", str(link), "--systemd-dir",
+                                   str(tree / "units"), "--host", "box", "--no-doctor"])
+    assert res.exit_code == 0, res.output
+    assert link.is_symlink() and "Prolog=" in real.read_text()
+    installer.uninstall(tree / "opt")
+    assert link.is_symlink() and real.read_text() == SLURM_CONF
