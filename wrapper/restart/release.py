@@ -39,7 +39,14 @@ def release(job_id: str, cfg: Config, exclude: list[str], *, timeout: float = 12
         if current == "PENDING":
             try:
                 if exclude:  # at once: before any other release of this requeue starts it
-                    backend.exclude_nodes(job_id, exclude)
+                    kept = set(exclude) - set(backend.exclude_nodes(job_id, exclude))
+                    if kept:
+                        # Excluding these too would leave the job unable to run. Slurm's
+                        # own requeue delay (cred_expire + 1) then runs its course: a node
+                        # whose prolog it skipped runs it again once its credential is gone.
+                        logger.warning("release.exclude_capped", job_id=job_id,
+                                       not_excluded=sorted(kept))
+                        return False
                 sleep(cfg.restart.release_delay)
                 backend.release_now(job_id)
             except JobwrapError as exc:  # e.g. a host list no cluster has: say so, not crash

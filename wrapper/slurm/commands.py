@@ -471,10 +471,34 @@ class CliBackend:
         return program
 
     def exclude_nodes(self, job_id: str, nodes: list[str]) -> list[str]:
-        """Add nodes to a pending job's excluded nodes; returns the whole excluded list."""
+        """Add nodes to a pending job's excluded nodes; returns the whole excluded list.
+
+        Never so many that the job can no longer run: with its partition's nodes less the
+        excluded ones fewer than the nodes it asks, Slurm leaves it PENDING for good
+        (BadConstraints). Nodes past that room are not excluded, and are absent from the
+        list returned (the caller tells)."""
         job = _job_id(job_id)
-        current = self.job_info(job).get("ExcNodeList", "")
+        info = self.job_info(job)
+        current = info.get("ExcNodeList", "")
         have = expand_hostlist(current) if current and current != "(null)" else []
-        merged = have + [_node(n) for n in nodes if n not in have]
-        self._scontrol("update", f"JobId={self._this_job(job)}", f"ExcNodeList={','.join(merged)}")
+        new = [_node(n) for n in nodes if n not in have]
+        room = self._exclusion_room(info)
+        if room is not None:
+            new = new[:max(0, room - len(have))]
+        merged = have + new
+        if new:
+            self._scontrol("update", f"JobId={self._this_job(job)}",
+                           f"ExcNodeList={','.join(merged)}")
         return merged
+
+    def _exclusion_room(self, info: dict[str, str]) -> int | None:
+        """How many nodes the job may have excluded and still run: its partition's nodes
+        less the fewest it asks for (None: not known, e.g. several partitions)."""
+        partition = info.get("Partition", "")
+        wanted = info.get("NumNodes", "").split("-")[0]
+        if not partition or "," in partition or not wanted.isdigit():
+            return None
+        out = self._scontrol("-o", "show", "partition", partition)
+        total = next((w.split("=", 1)[1] for w in out.split() if w.startswith("TotalNodes=")),
+                     "")
+        return int(total) - int(wanted) if total.isdigit() else None

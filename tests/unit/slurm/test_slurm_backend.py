@@ -332,3 +332,24 @@ def test_a_job_squeue_cannot_place_is_not_acted_on_as_a_bare_array_id() -> None:
     with pytest.raises(SlurmError, match="cannot tell whether it is an array's task"):
         cli.signal_job("40", "KILL", full=True)
     assert [c for c in runner.calls if c[0] == "scancel"] == []
+
+
+@pytest.mark.parametrize(("excluded", "asked", "nodes", "total", "kept"), [
+    ("(null)", ["n2"], "2", "3", ["n2"]),  # room for one: taken
+    ("n2", ["n1"], "2", "3", ["n2"]),  # n1 too would leave one node for a 2-node job
+    ("(null)", ["n1", "n2"], "1-2", "3", ["n1", "n2"]),  # the fewest it asks: 1
+    ("(null)", ["n1", "n2", "n3"], "1", "3", ["n1", "n2"]),
+])
+def test_an_exclusion_never_leaves_a_job_unable_to_run(excluded: str, asked: list[str],
+                                                       nodes: str, total: str,
+                                                       kept: list[str]) -> None:
+    runner = CannedRunner({"partition": f"PartitionName=debug TotalNodes={total} "
+                                        "TotalCPUs=6 Nodes=n[1-3]"})
+    cli = CliBackend(SlurmConfig(scontrol_command="scontrol"), runner)
+    cli.job_info = lambda job: {"Partition": "debug", "NumNodes": nodes,  # type: ignore[method-assign]
+                                "ExcNodeList": excluded}
+    assert cli.exclude_nodes("7", asked) == kept
+    updates = [c[0] for c in runner.calls if "update" in c[0]]
+    have = [] if excluded == "(null)" else [excluded]
+    assert updates == ([["scontrol", "update", "JobId=7", f"ExcNodeList={','.join(kept)}"]]
+                       if kept != have else [])
