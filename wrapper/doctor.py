@@ -129,16 +129,29 @@ def _runs_verb(text: str, verb: str) -> bool:
 
 
 def _find_hook(value: str, verb: str) -> Path | None:
-    """The file among a hook parameter's (comma-separated, globs) that runs jobwrap."""
+    """The file among a hook parameter's (comma-separated, globs) that runs jobwrap, or
+    that execs the hook that does (the one `jobwrap install` puts in a site's folder of
+    prologs: ``exec /opt/jobwrap/prolog/prolog``)."""
     for item in value.split(","):
         for candidate in sorted(glob.glob(item.strip())) if item.strip() else []:
-            try:
-                text = Path(candidate).read_text(errors="replace")[:65536]
-            except OSError:
-                continue
-            if _runs_verb(text, verb):
-                return Path(candidate)
+            for path in (candidate, _exec_target(candidate)):
+                try:
+                    text = Path(path).read_text(errors="replace")[:65536] if path else ""
+                except OSError:
+                    continue
+                if _runs_verb(text, verb):
+                    return Path(path)
     return None
+
+
+def _exec_target(path: str) -> str:
+    """The program a two-line shell hook hands over to (``exec /abs/path``), or ""."""
+    try:
+        text = Path(path).read_text(errors="replace")[:4096]
+    except OSError:
+        return ""
+    found = re.search(r"^exec (/\S+)\s*$", text, re.M)
+    return found.group(1) if found else ""
 
 
 def _check_hooks(conf: SlurmConf, cfg: Config, env: Mapping[str, str],

@@ -223,3 +223,24 @@ def test_a_slurm_conf_reached_through_a_link_is_edited_where_it_lives(tree: Path
     assert link.is_symlink() and "Prolog=" in real.read_text()
     installer.uninstall(tree / "opt")
     assert link.is_symlink() and real.read_text() == SLURM_CONF
+
+
+def test_a_sites_folder_of_prologs_gets_jobwraps_and_doctor_follows_it(tree: Path) -> None:
+    from wrapper.doctor import diagnose
+
+    folder = tree / "etc" / "slurm" / "prolog.d"
+    folder.mkdir()
+    (folder / "10-site").write_text("#!/bin/sh\nexit 0\n")
+    conf = tree / "etc" / "slurm" / "slurm.conf"
+    conf.write_text(SLURM_CONF + f"Prolog={folder}/*\n")
+    installer.apply(_plan(tree))
+    shim = folder / "jobwrap-prolog"
+    assert shim.read_text().endswith(f"exec {tree}/opt/prolog/prolog\n")
+    assert f"Prolog={folder}/*\n" in conf.read_text()  # the site's value, kept
+    findings, _ = diagnose(config_path=str(tree / "etc/jobwrap/config.toml"),
+                           slurm_conf=str(conf), node="n1")
+    [prolog] = [f for f in findings if f.check == "slurm.prolog"]
+    assert (prolog.status, prolog.detail) == ("pass", f"Prolog={tree}/opt/prolog/prolog runs "
+                                                      "`jobwrap prolog`")
+    installer.uninstall(tree / "opt")
+    assert not shim.exists() and (folder / "10-site").exists()
