@@ -178,7 +178,7 @@ def _left_behind(conf: str, program: str) -> list[str]:
         running = []
         for proc in psutil.process_iter(["pid", "cmdline"]):
             cmdline = proc.info["cmdline"] or []
-            if program in cmdline[:2]:
+            if program in cmdline[:2] and proc.info["pid"] != os.getpid():
                 running.append(str(proc.info["pid"]))
         if running:
             out.append(f"jobwrap processes still running (their jobs' supervisors and "
