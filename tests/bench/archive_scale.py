@@ -65,7 +65,8 @@ def main() -> int:
     backends = os.environ.get("JOBWRAP_BENCH_INDEX", "sqlite,mariadb").split(",")
     results: dict[str, dict[int, dict[str, tuple[float, float, float]]]] = {}
     with contextlib.ExitStack() as stack:
-        database = stack.enter_context(throwaway("jobwrap-bench-mariadb-")) \
+        # MariaDB's own default InnoDB cache (128M): a site's server has more
+        database = stack.enter_context(throwaway("jobwrap-bench-mariadb-", "128M")) \
             if "mariadb" in backends else None
         for n in sizes:
             base = build(n)
@@ -249,7 +250,7 @@ cnf, column, value = sys.argv[1:]
 where = {"job_id": "job_id = %s", "updated_at": "updated_at >= %s"}[column]
 con = pymysql.connect(read_default_file=cnf)
 with con.cursor() as cursor:
-    cursor.execute("SELECT user, job_id, updated_at, size, ledger FROM jobs WHERE "
+    cursor.execute("SELECT user, job_id, updated_at, size, ledger FROM jobwrap_jobs WHERE "
                    "cluster = 'bench' AND " + where,
                    (value if column == "job_id" else float(value),))
     print(len(cursor.fetchall()))

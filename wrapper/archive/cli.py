@@ -202,6 +202,9 @@ def _indexer(cfg: Config, rebuild: bool) -> None:
                 index.check()
                 folded = index.fold()
                 click.echo(f"folded {folded} records into {index.path}", err=True)
+            except index_mod.IndexDown as exc:  # nothing to rebuild: the server is away
+                raise store.ArchiveError(f"{exc}; the spool keeps the records for the next "
+                                         "run") from None
             except index_mod.IndexFault as exc:
                 why = str(exc)
                 folded = index.rebuild(lambda line: _say(

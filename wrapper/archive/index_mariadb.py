@@ -14,7 +14,7 @@ cluster's rows again from them.
   them see, as with SQLite. No grant is given to users.
 - **Several clusters:** each row carries its cluster (``[archive] cluster``, else
   slurm.conf's ``ClusterName``); every query, upsert and rebuild is that cluster's alone.
-- **Formats:** table ``meta`` holds the tables' ``layout`` (``SCHEMA``) and one
+- **Formats:** table ``jobwrap_meta`` holds the tables' ``layout`` (``SCHEMA``) and one
   ``schema:CLUSTER`` row per cluster indexed. A newer layout raises FormatTooNew (the
   commands read the manifests); an older one is dropped and made again, and every
   cluster's rows are then rebuilt from its own manifests by its next reader.
@@ -37,6 +37,7 @@ from typing import Any
 
 from wrapper.archive.index_base import (
     LOCK_WAIT_S,
+    SUMMARY,
     IndexDown,
     IndexFault,
     Rebuilt,
@@ -54,24 +55,25 @@ from wrapper.errors import FormatTooNew
 CONNECT_TIMEOUT_S = 5
 QUERY_TIMEOUT_S = 60
 BATCH = 2000  # rows per INSERT of a rebuild
+# jobwrap_ names: the database may be shared (slurmdbd's server, another tool's schema)
 _TABLES = """
-CREATE TABLE IF NOT EXISTS jobs (
+CREATE TABLE IF NOT EXISTS jobwrap_jobs (
   cluster VARCHAR(64) NOT NULL, user VARCHAR(64) NOT NULL, job_id VARCHAR(64) NOT NULL,
   updated_at DOUBLE NOT NULL, size BIGINT NOT NULL, complete TINYINT NOT NULL,
   name TEXT NOT NULL, uid BIGINT, attempts TEXT NOT NULL, run_s DOUBLE NOT NULL,
   failures INT NOT NULL, ledger MEDIUMTEXT, parsed TINYINT NOT NULL,
   PRIMARY KEY (cluster, user, job_id),
-  KEY jobs_updated (cluster, updated_at),
-  KEY jobs_window (cluster, updated_at, run_s, failures),
-  KEY jobs_id (cluster, job_id)
+  KEY jobwrap_updated (cluster, updated_at, job_id),
+  KEY jobwrap_window (cluster, updated_at, run_s, failures),
+  KEY jobwrap_id (cluster, job_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
-CREATE TABLE IF NOT EXISTS meta (
+CREATE TABLE IF NOT EXISTS jobwrap_meta (
   k VARCHAR(128) NOT NULL PRIMARY KEY, v BIGINT NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
 """
 # updated_at last: MariaDB assigns left to right, and each guard reads the row's own time.
 _UPSERT = """
-INSERT INTO jobs (cluster, user, job_id, updated_at, size, complete, name, uid, attempts,
+INSERT INTO jobwrap_jobs (cluster, user, job_id, updated_at, size, complete, name, uid, attempts,
                   run_s, failures, ledger, parsed)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON DUPLICATE KEY UPDATE
@@ -87,10 +89,11 @@ ON DUPLICATE KEY UPDATE
   updated_at = IF(VALUES(updated_at) >= updated_at, VALUES(updated_at), updated_at)
 """
 _EVER = -1e18
-_LIST = "SELECT user, job_id, updated_at, size, complete, name, attempts FROM jobs " \
+_LIST = "SELECT user, job_id, updated_at, size, complete, name, attempts FROM jobwrap_jobs " \
         "WHERE cluster = %s AND updated_at >= %s{user} ORDER BY updated_at, job_id"
-_LEDGERS = "SELECT job_id, user, ledger FROM jobs WHERE cluster = %s AND updated_at >= %s" \
-           "{user}"
+_LEDGERS = "SELECT job_id, user, ledger FROM jobwrap_jobs WHERE cluster = %s AND " \
+           "updated_at >= %s{user}"
+SUMMARY_FRESH_S = 300.0  # a read's fold that took nothing leaves a summary this young
 
 
 def _driver() -> Any:
@@ -132,53 +135,62 @@ class MariaDbIndex(_Spooled):
         self.path = f"mariadb ({connection}), cluster {cluster}"
         self.lock_wait = LOCK_WAIT_S if lock_wait is None else lock_wait
         self._con: Any = None
+        self._layout_ok = False  # this connection found (or made) this layout's tables
 
     # the connection
+    def _connect(self) -> Any:
+        check_connection_file(self.connection)
+        pymysql = _driver()
+        try:
+            return pymysql.connect(
+                read_default_file=self.connection, charset="utf8mb4", autocommit=False,
+                connect_timeout=CONNECT_TIMEOUT_S, read_timeout=QUERY_TIMEOUT_S,
+                write_timeout=QUERY_TIMEOUT_S)
+        except pymysql.Error as exc:
+            raise IndexDown(f"the index database cannot be reached ({self.connection}: "
+                            f"{_said(exc)})") from None
+
     def _db(self) -> Any:
         if self._con is None:
-            check_connection_file(self.connection)
-            pymysql = _driver()
-            try:
-                self._con = pymysql.connect(
-                    read_default_file=self.connection, charset="utf8mb4", autocommit=False,
-                    connect_timeout=CONNECT_TIMEOUT_S, read_timeout=QUERY_TIMEOUT_S,
-                    write_timeout=QUERY_TIMEOUT_S, client_flag=0)
-            except pymysql.Error as exc:
-                raise IndexDown(f"the index database cannot be reached ({self.connection}: "
-                                f"{_said(exc)})") from None
+            self._con = self._connect()
         return self._con
 
     def close(self) -> None:
+        self._layout_ok = False
         if self._con is not None:
             with contextlib.suppress(Exception):
                 self._con.close()
             self._con = None
 
     @contextlib.contextmanager
-    def _cursor(self, what: str) -> Iterator[Any]:
+    def _cursor(self, what: str, *, commit: bool = False) -> Iterator[Any]:
+        """A cursor of the connection; ``commit``: its work committed at the end. Any
+        database error closes the connection (never reused half broken): one that cannot
+        reach the server is IndexDown, any other IndexFault."""
         pymysql = _driver()
         con = self._db()
         try:
             with con.cursor() as cursor:
                 yield cursor
-        except pymysql.err.OperationalError as exc:
+            if commit:
+                con.commit()
+        except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
             self.close()
             raise IndexDown(f"the index database {what}: {_said(exc)}") from None
         except pymysql.Error as exc:
             self.close()
             raise IndexFault(f"the index {self.path} {what} ({_said(exc)})") from None
         except BaseException:
-            with contextlib.suppress(Exception):
-                con.rollback()  # nothing half done stays open on the connection
+            self.close()  # the server rolls back what the connection left open
             raise
 
     def _layout(self, cursor: Any) -> int | None:
         """The tables' layout (None: no tables yet); FormatTooNew above ``SCHEMA``."""
         cursor.execute("SELECT COUNT(*) FROM information_schema.tables WHERE "
-                       "table_schema = DATABASE() AND table_name = 'meta'")
+                       "table_schema = DATABASE() AND table_name = 'jobwrap_meta'")
         if not cursor.fetchone()[0]:
             return None
-        cursor.execute("SELECT v FROM meta WHERE k = 'layout'")
+        cursor.execute("SELECT v FROM jobwrap_meta WHERE k = 'layout'")
         found = cursor.fetchone()
         layout = int(found[0]) if found else None
         if layout is not None and layout > SCHEMA:
@@ -188,28 +200,33 @@ class MariaDbIndex(_Spooled):
 
     def _ensure_tables(self, cursor: Any) -> None:
         """The tables, of this layout: an older layout's are dropped (every cluster's rows
-        are rebuilt from its own manifests by its next reader)."""
+        are rebuilt from its own manifests by its next reader). Once per connection."""
+        if self._layout_ok:
+            return
         layout = self._layout(cursor)
         if layout is not None and layout < SCHEMA:
-            cursor.execute("DROP TABLE IF EXISTS jobs, meta")
-        for statement in filter(None, (s.strip() for s in _TABLES.split(";"))):
-            cursor.execute(statement)
-        cursor.execute("INSERT INTO meta (k, v) VALUES ('layout', %s) "
-                       "ON DUPLICATE KEY UPDATE v = VALUES(v)", (SCHEMA,))
+            cursor.execute("DROP TABLE IF EXISTS jobwrap_jobs, jobwrap_meta")
+        if layout != SCHEMA:
+            for statement in filter(None, (s.strip() for s in _TABLES.split(";"))):
+                cursor.execute(statement)
+            cursor.execute("INSERT INTO jobwrap_meta (k, v) VALUES ('layout', %s) "
+                           "ON DUPLICATE KEY UPDATE v = VALUES(v)", (SCHEMA,))
+        self._layout_ok = True
 
     # reading
     def check(self) -> None:
-        with self._cursor("cannot be read") as cursor:
+        with self._cursor("cannot be read", commit=True) as cursor:  # then a fresh snapshot
             layout = self._layout(cursor)
             if layout is None:
                 raise IndexFault(f"there is no index in {self.path}")
             if layout < SCHEMA:
                 raise IndexFault(f"the index {self.path} has layout {layout}, not {SCHEMA}")
-            cursor.execute("SELECT v FROM meta WHERE k = %s", (f"schema:{self.cluster}",))
+            cursor.execute("SELECT v FROM jobwrap_meta WHERE k = %s",
+                           (f"schema:{self.cluster}",))
             if cursor.fetchone() is None:
                 raise IndexFault(f"there is no index of cluster {self.cluster} in "
                                  f"{self.connection}")
-        self._db().rollback()  # a fresh snapshot for the reads that follow
+        self._layout_ok = True
 
     def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]:
         return list(self.stream(since=since, user=user))
@@ -227,13 +244,27 @@ class MariaDbIndex(_Spooled):
             yield job_id, name, None if ledger is None else json.loads(ledger)
 
     def _rows(self, sql: str, since: float | None, user: str | None) -> Iterator[Any]:
+        """A query's rows as the server sends them (an unbuffered cursor on a connection
+        of its own, so the caller may ask other things meanwhile): memory does not grow
+        with the archive."""
+        pymysql = _driver()
         args: tuple[Any, ...] = (self.cluster, _EVER if since is None else since)
         if user is not None:
             args += (user,)
-        with self._cursor("cannot be read") as cursor:
-            cursor.execute(sql.format(user=" AND user = %s" if user is not None else ""), args)
-            while batch := cursor.fetchmany(BATCH):
-                yield from batch
+        con = self._connect()
+        try:
+            with con.cursor(pymysql.cursors.SSCursor) as cursor:
+                cursor.execute(sql.format(user=" AND user = %s" if user is not None else ""),
+                               args)
+                while batch := cursor.fetchmany(BATCH):
+                    yield from batch
+        except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
+            raise IndexDown(f"the index database cannot be read: {_said(exc)}") from None
+        except pymysql.Error as exc:
+            raise IndexFault(f"the index {self.path} cannot be read ({_said(exc)})") from None
+        finally:
+            with contextlib.suppress(Exception):
+                con.close()  # a generator closed early: the rest of the rows are dropped
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> Any:
         with self._cursor("cannot be read") as cursor:
@@ -241,40 +272,44 @@ class MariaDbIndex(_Spooled):
             return cursor.fetchall()
 
     def total_size(self) -> int:
-        return int(self._one("SELECT COALESCE(SUM(size), 0) FROM jobs WHERE cluster = %s",
-                             (self.cluster,))[0][0])
+        return int(self._one("SELECT COALESCE(SUM(size), 0) FROM jobwrap_jobs WHERE "
+                             "cluster = %s", (self.cluster,))[0][0])
 
     def locate(self, job_id: str) -> list[str]:
-        return [u for (u,) in self._one("SELECT user FROM jobs WHERE cluster = %s AND "
-                                        "job_id = %s ORDER BY updated_at DESC",
+        return [u for (u,) in self._one("SELECT user FROM jobwrap_jobs WHERE cluster = %s "
+                                        "AND job_id = %s ORDER BY updated_at DESC",
                                         (self.cluster, job_id))]
 
     def mtbf(self, since: float) -> float | None:
-        run_s, failures = self._one("SELECT COALESCE(SUM(run_s), 0), COALESCE(SUM(failures), "
-                                    "0) FROM jobs WHERE cluster = %s AND updated_at >= %s",
-                                    (self.cluster, since))[0]
+        """Summed from the covering index alone (the optimizer, seeing one cluster's rows,
+        would otherwise read the table through its primary key)."""
+        run_s, failures = self._one(
+            "SELECT COALESCE(SUM(run_s), 0), COALESCE(SUM(failures), 0) FROM jobwrap_jobs "
+            "FORCE INDEX (jobwrap_window) WHERE cluster = %s AND updated_at >= %s",
+            (self.cluster, since))[0]
         return float(run_s) / int(failures) if failures else None
 
     # writing (one indexer at a time: the archive's lock)
     def fold(self) -> int:
         with self._writing() as (index_fd, spool_fd):
             names, rows, newer = spooled_rows(spool_fd, self.root)
-            with self._cursor("cannot take the spool") as cursor:
+            with self._cursor("cannot take the spool", commit=True) as cursor:
                 self._ensure_tables(cursor)
-                self._insert(cursor, rows)
-                self._mark(cursor)
-            self._db().commit()
+                if rows:
+                    self._insert(cursor, rows)
+                    self._mark(cursor)
             unspool(spool_fd, names, newer)
-            self._summarize(index_fd)
+            if rows or _age(index_fd, SUMMARY) > SUMMARY_FRESH_S:
+                self._summarize(index_fd)
         return len(rows)
 
     def rebuild(self, say: Callable[[str], None] | None = None) -> Rebuilt:
         with self._writing() as (index_fd, spool_fd):
+            with self._cursor("cannot be built", commit=True) as cursor:
+                self._ensure_tables(cursor)  # DDL commits by itself
             jobs, skipped = 0, []
-            with self._cursor("cannot be built") as cursor:
-                self._ensure_tables(cursor)
-                self._db().commit()  # DDL commits by itself; the rows are one transaction
-                cursor.execute("DELETE FROM jobs WHERE cluster = %s", (self.cluster,))
+            with self._cursor("cannot be built", commit=True) as cursor:  # one transaction
+                cursor.execute("DELETE FROM jobwrap_jobs WHERE cluster = %s", (self.cluster,))
                 batch: list[tuple[Any, ...]] = []
                 for info, manifest in scan(self.root):
                     if manifest is None:
@@ -289,7 +324,6 @@ class MariaDbIndex(_Spooled):
                 names, rows, newer = spooled_rows(spool_fd, self.root)
                 self._insert(cursor, rows)
                 self._mark(cursor)
-            self._db().commit()
             unspool(spool_fd, names, newer)
             self._summarize(index_fd)
         if say is not None:
@@ -297,20 +331,28 @@ class MariaDbIndex(_Spooled):
         return Rebuilt(jobs, skipped, len(rows))
 
     def forget(self, removed: Iterable[ArchiveInfo]) -> None:
-        with self._writing():
-            with self._cursor("cannot be written") as cursor:
-                cursor.executemany("DELETE FROM jobs WHERE cluster = %s AND user = %s AND "
-                                   "job_id = %s", [(self.cluster, r.user, r.job_id)
+        with self._writing(), self._cursor("cannot be written", commit=True) as cursor:
+            cursor.executemany("DELETE FROM jobwrap_jobs WHERE cluster = %s AND user = %s "
+                               "AND job_id = %s", [(self.cluster, r.user, r.job_id)
                                                    for r in removed])
-            self._db().commit()
 
     def _insert(self, cursor: Any, rows: list[tuple[Any, ...]]) -> None:
         if rows:
             cursor.executemany(_UPSERT, [(self.cluster, *row) for row in rows])
 
     def _mark(self, cursor: Any) -> None:
-        cursor.execute("INSERT INTO meta (k, v) VALUES (%s, %s) ON DUPLICATE KEY UPDATE "
-                       "v = VALUES(v)", (f"schema:{self.cluster}", SCHEMA))
+        cursor.execute("INSERT INTO jobwrap_meta (k, v) VALUES (%s, %s) ON DUPLICATE KEY "
+                       "UPDATE v = VALUES(v)", (f"schema:{self.cluster}", SCHEMA))
+
+
+def _age(dir_fd: int, name: str) -> float:
+    """Seconds since ``name`` in the folder ``dir_fd`` was written (infinite: never)."""
+    import time
+
+    try:
+        return time.time() - os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
+    except OSError:
+        return float("inf")
 
 
 def _said(exc: BaseException) -> str:

@@ -128,11 +128,11 @@ def test_a_newer_layout_is_left_alone_and_an_older_one_made_again(
     index.rebuild()
     name = next(line.split("=")[1].strip() for line in connection.read_text().splitlines()
                 if line.startswith("database"))
-    database.sql(f"UPDATE {name}.meta SET v = {SCHEMA + 1} WHERE k = 'layout'")  # noqa: S608
+    database.sql(f"UPDATE {name}.jobwrap_meta SET v = {SCHEMA + 1} WHERE k = 'layout'")  # noqa: S608
     index.close()
     with pytest.raises(FormatTooNew):
         index.check()
-    database.sql(f"UPDATE {name}.meta SET v = {SCHEMA - 1} WHERE k = 'layout'")  # noqa: S608
+    database.sql(f"UPDATE {name}.jobwrap_meta SET v = {SCHEMA - 1} WHERE k = 'layout'")  # noqa: S608
     with pytest.raises(index_mod.IndexFault, match=f"has layout {SCHEMA - 1}"):
         index.check()
     assert index.rebuild().jobs == 1
