@@ -34,12 +34,11 @@ def _run(argv: list[str]) -> None:
 
 
 def _slurm_conf(given: str | None) -> Path:
-    """The cluster's slurm.conf; a link (/etc/slurm -> a managed folder) is followed, so the
-    merge edits the file Slurm reads rather than replacing the link by a copy."""
+    """The cluster's slurm.conf as Slurm is given it (a link is followed where it is
+    edited: installer._plan_slurm_conf)."""
     from wrapper.slurm.conf import DEFAULT_SLURM_CONF
 
-    path = Path(given or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    return Path(given or os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)
 
 
 @click.command("install")
@@ -90,7 +89,7 @@ def install(roles: tuple[str, ...], prefix: str, slurm_conf: str | None, systemd
     if os.geteuid() != 0:
         raise installer.InstallError("run it as root (it writes root's hooks and slurm.conf);"
                                      " --dry-run shows what it would change")
-    slurm_changed = any(f.changes and f.path == conf for f in plan.files)
+    slurm_changed = any(f.changes and f.path == plan.slurm_conf for f in plan.files)
     done = installer.apply(plan, run=_run)
     for line in done:
         click.echo(f"  {line}")

@@ -151,7 +151,7 @@ def plan(*, roles: Iterable[str], prefix: Path, config_path: Path, slurm_conf: P
     for name, path in (("--prefix", prefix), ("the config", config_path),
                        ("--systemd-dir", systemd_dir), ("the jobwrap program", program)):
         _check_plain(name, path)
-    for path in (prefix, config_path.parent, systemd_dir):
+    for path in (prefix, config_path.parent, systemd_dir, program.parent):
         _check_ancestors(path)
     host = host or socket.gethostname().split(".")[0]
     files: list[FileStep] = []
@@ -189,10 +189,11 @@ def plan(*, roles: Iterable[str], prefix: Path, config_path: Path, slurm_conf: P
         raise InstallError(f"cannot read {config_path}: {exc.strerror or exc}") from None
     nodes = [host]
     edits: list[slurmconf.Edit] = []
+    edited: Path | None = None  # slurm.conf's own file, when it is merged
     if slurm_conf is not None and slurm_conf.exists():
         _, found = slurmconf.host_nodes(slurm_conf, host)
         nodes = found or nodes
-        edits = _plan_slurm_conf(slurm_conf, prefix, cfg, add_file, notes)
+        edited, edits = _plan_slurm_conf(slurm_conf, prefix, cfg, add_file, notes)
     elif slurm_conf is not None:
         notes.append(f"{slurm_conf}: none here (a configless node?): slurm.conf's lines are "
                      "merged where it lives, by `jobwrap install` on the controller")
@@ -219,7 +220,7 @@ def plan(*, roles: Iterable[str], prefix: Path, config_path: Path, slurm_conf: P
                                                 config_path), 0o644, f"the {name} unit")
         if enabled and name not in enabled_before:
             enable.append(name)
-    return Plan(roles, prefix, program, files, dirs, enable, slurm_conf, edits, notes)
+    return Plan(roles, prefix, program, files, dirs, enable, edited, edits, notes)
 
 
 def slurmconf_default() -> str:
@@ -228,15 +229,22 @@ def slurmconf_default() -> str:
     return DEFAULT_SLURM_CONF
 
 
-def _plan_slurm_conf(path: Path, prefix: Path, cfg: Any,
-                     add_file: Callable[..., None], notes: list[str]) -> list[slurmconf.Edit]:
+def _plan_slurm_conf(path: Path, prefix: Path, cfg: Any, add_file: Callable[..., None],
+                     notes: list[str]) -> tuple[Path, list[slurmconf.Edit]]:
+    """slurm.conf's lines and job_submit.lua: the file edited where it lives (through a
+    link), Includes and job_submit.lua where Slurm looks, beside the path it is given."""
     from wrapper.submit import lua
 
-    merged = slurmconf.merge(path, slurmconf.wants(str(prefix)))
+    real = Path(os.path.realpath(path))
+    merged = slurmconf.merge(real, slurmconf.wants(str(prefix)), folder=path.parent)
     notes.extend(merged.notes)
-    mode = stat.S_IMODE(path.stat().st_mode)
-    add_file(path, merged.text, mode, "slurm.conf's lines")
+    mode = stat.S_IMODE(real.stat().st_mode)
+    add_file(real, merged.text, mode, "slurm.conf's lines")
     for hook, verb in merged.hooks:
+        if not Path(hook).parent.is_dir():
+            raise InstallError(f"{path}: its {verb.capitalize()} names the folder "
+                               f"{Path(hook).parent}, which does not exist: make it (mkdir "
+                               f"-m 0755) or set {verb.capitalize()} to a program")
         folder = "epilog" if verb == "epilog" else "prolog"
         add_file(Path(hook), f"#!/bin/sh\n# jobwrap's {verb}, in the site's folder of hooks "
                  f"(jobwrap install)\nexec {prefix}/{folder}/{verb}\n", 0o755,
@@ -249,7 +257,7 @@ def _plan_slurm_conf(path: Path, prefix: Path, cfg: Any,
                            "prints them), or move it away and run `jobwrap install` again")
     site = lua.SiteDefaults.from_config(cfg)
     add_file(plugin, lua.render(site, cfg.source), 0o644, "job_submit.lua")
-    return merged.edits
+    return real, merged.edits
 
 
 def _unit_text(text: str, prefix: Path, program: Path, config_path: Path) -> str:
@@ -311,53 +319,85 @@ def systemd_runs() -> bool:
 
 
 def apply(plan_: Plan, *, run: Callable[[list[str]], None] | None = None) -> list[str]:
-    """Make the changes, and keep (or extend) the record; returns what was done."""
+    """Make the changes, and keep (or extend) the record; returns what was done.
+
+    The record is written before each file is: whatever stops the install part-way (a
+    full disk, a read-only /etc), ``jobwrap uninstall`` takes out what was done."""
     done: list[str] = []
     record = read_record(plan_.prefix) or {
         "format": RECORD_FORMAT, "files": [], "dirs": [], "units": [], "edits": [],
         "slurm_conf": ""}
-    known = {entry["path"] for entry in record["files"]}
-    for d in plan_.dirs:
-        if d.exists:
-            continue
-        missing = [p for p in [d.path, *d.path.parents] if not p.exists()]
-        for path in reversed(missing):
-            path.mkdir(mode=0o755)
-            record["dirs"].append({"path": str(path), "kind": d.kind if path == d.path else ""})
-        os.chmod(d.path, d.mode)
-        done.append(f"made {d.path} ({d.what})")
-    for f in plan_.files:
-        if not f.changes:
-            continue
-        atomic_write(f.path, f.text.encode(), mode=f.mode, uid=0 if os.geteuid() == 0 else -1,
-                     gid=0 if os.geteuid() == 0 else -1)
-        if str(f.path) in known:
-            entry = next(e for e in record["files"] if e["path"] == str(f.path))
-            entry["after"] = _sha(f.text)  # what was there before jobwrap stays the same
-        else:
-            record["files"].append({"path": str(f.path), "before": f.before,
-                                    "after": _sha(f.text), "what": f.what})
-        done.append(f"wrote {f.path} ({f.what})")
+    roles = sorted(set(record.get("roles", [])) | set(plan_.roles), key=ROLES.index)
+    record.update(version=__version__, program=str(plan_.program), roles=roles)
+    if plan_.changes or "when" not in record:
+        record["when"] = time.time()
     if plan_.slurm_conf is not None:
         record["slurm_conf"] = str(plan_.slurm_conf)
-        record["edits"].extend(e.as_dict() for e in plan_.edits)
+        record["edits"] += [e.as_dict() for e in plan_.edits
+                            if e.as_dict() not in record["edits"]]
+    where = record_path(plan_.prefix)
+
+    def keep() -> None:
+        atomic_write(where, (json.dumps(record, indent=1) + "\n").encode(), mode=0o600)
+
+    try:
+        for d in plan_.dirs:
+            if d.exists:
+                continue
+            for path in reversed([p for p in [d.path, *d.path.parents] if not p.exists()]):
+                path.mkdir(mode=0o755)
+                record["dirs"].append({"path": str(path),
+                                       "kind": d.kind if path == d.path else ""})
+                if plan_.prefix.is_dir():
+                    keep()
+            os.chmod(d.path, d.mode)
+            done.append(f"made {d.path} ({d.what})")
+        for f in plan_.files:
+            if not f.changes:
+                continue
+            entry = next((e for e in record["files"] if e["path"] == str(f.path)), None)
+            if entry is None:
+                record["files"].append({"path": str(f.path), "before": f.before,
+                                        "after": _sha(f.text), "what": f.what})
+            else:
+                entry["after"] = _sha(f.text)  # what was there before jobwrap stays
+            keep()
+            uid, gid = _owner(f.path)
+            atomic_write(f.path, f.text.encode(), mode=f.mode, uid=uid, gid=gid)
+            done.append(f"wrote {f.path} ({f.what})")
+        if done or not where.exists():
+            keep()
+    except OSError as exc:
+        raise InstallError(f"cannot write {getattr(exc, 'filename', '') or 'a file'}: "
+                           f"{exc.strerror or exc}; what was done so far is in {where}, "
+                           "and `jobwrap uninstall` takes it out") from None
     if plan_.enable and systemd_runs() and run is not None:
-        run(["systemctl", "daemon-reload"])
-        for unit in plan_.enable:
-            if unit not in record["units"]:
-                run(["systemctl", "enable", "--now", unit])
-                record["units"].append(unit)
-                done.append(f"enabled {unit}")
+        for argv in (["systemctl", "daemon-reload"],
+                     *(["systemctl", "enable", "--now", u] for u in plan_.enable
+                       if u not in record["units"])):
+            try:
+                run(argv)
+            except Exception as exc:  # the units are in place: enabling is the admin's now
+                plan_.notes.append(f"{' '.join(argv)} failed ({exc}); run it by hand")
+                continue
+            if argv[2:3] == ["--now"]:
+                record["units"].append(argv[-1])
+                done.append(f"enabled {argv[-1]}")
+        keep()
     elif plan_.enable:
         plan_.notes.append("systemd does not run here: enable " + ", ".join(plan_.enable)
                            + " where it does (or use the cron line in docs/systemd.md)")
-    roles = sorted(set(record.get("roles", [])) | set(plan_.roles), key=ROLES.index)
-    record.update(version=__version__, program=str(plan_.program), roles=roles,
-                  when=time.time())
-    if done or not record_path(plan_.prefix).exists():
-        atomic_write(record_path(plan_.prefix), (json.dumps(record, indent=1) + "\n").encode(),
-                     mode=0o600)
     return done
+
+
+def _owner(path: Path) -> tuple[int, int]:
+    """Who owns what a file replaces (a site's slurm.conf may be SlurmUser's); root for
+    a new file (when root installs)."""
+    try:
+        info = os.lstat(path)
+        return info.st_uid, info.st_gid
+    except FileNotFoundError:
+        return (0, 0) if os.geteuid() == 0 else (-1, -1)
 
 
 # -- uninstall -----------------------------------------------------------------------------
@@ -379,38 +419,21 @@ def uninstall(prefix: Path, *, purge: bool = False, dry_run: bool = False,
     kept: list[str] = []
     if record.get("units") and systemd_runs() and run is not None and not dry_run:
         for unit in record["units"]:
-            run(["systemctl", "disable", "--now", unit])
-            done.append(f"disabled {unit}")
+            try:
+                run(["systemctl", "disable", "--now", unit])
+                done.append(f"disabled {unit}")
+            except Exception as exc:  # a unit file gone already: the rest still comes out
+                kept.append(f"{unit}: systemctl disable failed ({exc})")
     slurm_conf = record.get("slurm_conf") or ""
     for entry in reversed(record["files"]):
         path = Path(entry["path"])
-        now = _read(path)
-        before = entry["before"]
-        if now is None:
-            kept.append(f"{path}: already gone")
-            continue
-        if _sha(now) != entry["after"]:
-            if entry["path"] == slurm_conf:
-                text, notes = slurmconf.unmerge(path, now, [slurmconf.Edit(**e)
-                                                            for e in record["edits"]])
-                kept.extend(notes)
-                if not dry_run:
-                    atomic_write(path, text.encode(), mode=stat.S_IMODE(path.stat().st_mode))
-                done.append(f"took jobwrap's lines out of {path} (changed since install)")
-            elif before is None and entry.get("what") == "the config":
-                kept.append(f"{path}: the site's config now (edited since install); kept")
-            else:
-                kept.append(f"{path}: changed since install; left as it is")
-            continue
-        if not dry_run:
-            if before is None:
-                path.unlink()
-            else:
-                atomic_write(path, before.encode(), mode=stat.S_IMODE(path.stat().st_mode))
-        done.append(f"{'removed' if before is None else 'restored'} {path}")
-    record_file = record_path(prefix)
+        try:
+            _undo_file(path, entry, record, slurm_conf, dry_run, done, kept)
+        except (InstallError, OSError) as exc:
+            kept.append(f"{path}: {exc.strerror if isinstance(exc, OSError) else exc}; "
+                        "left as it is")
     if not dry_run:
-        record_file.unlink(missing_ok=True)
+        record_path(prefix).unlink(missing_ok=True)
     for entry in reversed(record["dirs"]):
         path, kind = Path(entry["path"]), entry.get("kind", "")
         if kind == "archive":
@@ -424,8 +447,8 @@ def uninstall(prefix: Path, *, purge: bool = False, dry_run: bool = False,
             done.append(f"would remove {path}" + ("" if kind else " (when empty)"))
             continue
         if kind == "data":
-            shutil.rmtree(path, ignore_errors=True)
-            done.append(f"removed {path}")
+            left = _purge(path)
+            (kept if left else done).append(f"{path}: {left}" if left else f"removed {path}")
             continue
         try:
             path.rmdir()
@@ -435,3 +458,55 @@ def uninstall(prefix: Path, *, purge: bool = False, dry_run: bool = False,
         except OSError:
             kept.append(f"{path}: not empty (holds what jobwrap did not put there); kept")
     return Undone(done, kept)
+
+
+def _undo_file(path: Path, entry: dict[str, Any], record: dict[str, Any], slurm_conf: str,
+               dry_run: bool, done: list[str], kept: list[str]) -> None:
+    """One recorded file put back: slurm.conf always by taking jobwrap's lines out (an
+    earlier text would undo the site's edits since), jobwrap's own files by their text
+    before, when nobody changed them since."""
+    now = _read(path)
+    before = entry["before"]
+    if now is None:
+        kept.append(f"{path}: already gone")
+        return
+    if entry["path"] == slurm_conf:
+        text, notes = slurmconf.unmerge(path, now, [slurmconf.Edit(**e)
+                                                    for e in record["edits"]])
+        kept.extend(notes)
+        if not dry_run:
+            uid, gid = _owner(path)
+            atomic_write(path, text.encode(), mode=stat.S_IMODE(path.stat().st_mode),
+                         uid=uid, gid=gid)
+        done.append(f"took jobwrap's lines out of {path}")
+        return
+    if _sha(now) != entry["after"]:
+        if before is None and entry.get("what") == "the config":
+            kept.append(f"{path}: the site's config now (edited since install); kept")
+        else:
+            kept.append(f"{path}: changed since install; left as it is")
+        return
+    if not dry_run:
+        if before is None:
+            path.unlink()
+        else:
+            uid, gid = _owner(path)
+            atomic_write(path, before.encode(), mode=stat.S_IMODE(path.stat().st_mode),
+                         uid=uid, gid=gid)
+    done.append(f"{'removed' if before is None else 'restored'} {path}")
+
+
+def _purge(path: Path) -> str:
+    """A folder of jobs' data removed without following a link or crossing a mount;
+    what was left, "" when none."""
+    from wrapper.osl.dirs import remove_tree
+
+    try:
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        return f"not removed ({exc.strerror})"
+    try:
+        removal = remove_tree(parent, path.name, display=str(path))
+    finally:
+        os.close(parent)
+    return f"kept what is mounted there: {', '.join(removal.left)}" if removal.left else ""

@@ -28,6 +28,9 @@ _ENTITY_KEYS = {"nodename", "partitionname", "nodeset", "downnodes", "frontendna
                 "switchname"}
 _MAX_INCLUDE_DEPTH = 8
 _MAX_BYTES = 4 << 20
+# Slurm's own separator of a key and its value: spaces around '=', and an operator before
+# it (Key+=v, Key-=v) that adds to or takes from a value set earlier
+_SEPARATOR = re.compile(r"\s*([-*+/]?)=\s*")
 
 
 class SlurmConfError(JobwrapError):
@@ -147,15 +150,18 @@ def read_text(path: Path) -> str:
                              ) from None
 
 
-def scan(path: Path, text: str | None = None) -> tuple[dict[str, list[_Found]],
-                                                       list[str], list[str]]:
+def scan(path: Path, text: str | None = None, folder: Path | None = None
+         ) -> tuple[dict[str, list[_Found]], list[str], list[str]]:
     """Every parameter of ``path`` and its includes (lower-case key -> where it is set),
-    the entity lines (NodeName=..., PartitionName=...), and the problems found."""
+    the entity lines (NodeName=..., PartitionName=...), and the problems found.
+    ``folder``: where relative Includes are (slurm.conf's as Slurm is given it: a link's
+    folder, not its target's)."""
     found: dict[str, list[_Found]] = {}
     entities: list[str] = []
     problems: list[str] = []
-    _scan_file(path, path.parent, text if text is not None else read_text(path), found,
-               entities, problems, depth=0)
+    _scan_file(path, folder or path.parent,
+               text if text is not None else read_text(path), found, entities, problems,
+               depth=0)
     return found, entities, problems
 
 
@@ -171,7 +177,7 @@ def _scan_file(path: Path, folder: Path, text: str, found: dict[str, list[_Found
                      problems, depth)
             continue
         try:
-            tokens = shlex.split(line, comments=False, posix=True)
+            tokens = shlex.split(_SEPARATOR.sub(r"\1=", line), comments=False, posix=True)
         except ValueError as exc:
             problems.append(f"{path}:{first}: {exc} (a quote is not closed)")
             continue
@@ -254,11 +260,19 @@ def _folder_hook(pattern: str, verb: str) -> str | None:
     return os.path.join(folder, f"{before}jobwrap-{verb}{after}")
 
 
-def merge(path: Path, want: Iterable[Want], text: str | None = None) -> Merged:
+def merge(path: Path, want: Iterable[Want], text: str | None = None,
+          folder: Path | None = None) -> Merged:
     """slurm.conf with jobwrap's needs merged in; ``SlurmConfError`` lists every reason it
     cannot be, and then nothing is to be written."""
     text = read_text(path) if text is None else text
-    found, _, problems = scan(path, text)
+    found, _, problems = scan(path, text, folder)
+    want = list(want)
+    for w in want:
+        for op in "+-*/":
+            for place in found.get(f"{w.key.lower()}{op}", []):
+                problems.append(f"{w.key}{op}={place.value} ({place.file}:{place.line}): "
+                                f"jobwrap install does not merge into {op}= lines; write "
+                                f"{w.key}'s whole value on one line")
     lines = text.splitlines(keepends=True)
     edits: list[Edit] = []
     notes: list[str] = []
@@ -305,12 +319,17 @@ def merge(path: Path, want: Iterable[Want], text: str | None = None) -> Merged:
         edits.append(Edit(w.key, "extended", w.value))
     if problems:
         raise SlurmConfError(path, problems)
-    out = "".join(lines)
     if added:
-        if out and not out.endswith("\n"):
-            out += "\n"
-        out += f"\n{BLOCK_HEADER}\n" + "".join(f"{line}\n" for line in added)
-    return Merged(out, edits, notes, hooks)
+        header = next((i for i, line in enumerate(lines)
+                       if line.rstrip("\n") == BLOCK_HEADER), None)
+        if header is not None:  # the block of an earlier install: jobwrap's lines join it
+            lines[header + 1:header + 1] = [f"{line}\n" for line in added]
+        else:
+            if lines and not lines[-1].endswith("\n"):
+                lines[-1] += "\n"
+                edits.append(Edit("", "final-newline", ""))
+            lines += ["\n", f"{BLOCK_HEADER}\n", *(f"{line}\n" for line in added)]
+    return Merged("".join(lines), edits, notes, hooks)
 
 
 def _set_conflict(w: Want, place: _Found) -> str:
@@ -327,9 +346,9 @@ def _set_conflict(w: Want, place: _Found) -> str:
 
 
 def _replace_value(line: str, key: str, value: str) -> str:
-    pattern = re.compile(rf'(?i)(^|\s)({re.escape(key)})=("[^"]*"|[^\s#]*)')
-    quoted = '"' if re.search(rf'(?i)(^|\s){re.escape(key)}="', line) else ""
-    return pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}={quoted}{value}{quoted}", line,
+    pattern = re.compile(rf'(?i)(^|\s)({re.escape(key)}\s*=\s*)("[^"]*"|[^\s#]*)')
+    quoted = '"' if re.search(rf'(?i)(^|\s){re.escape(key)}\s*=\s*"', line) else ""
+    return pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{quoted}{value}{quoted}", line,
                        count=1)
 
 
@@ -337,6 +356,7 @@ def unmerge(path: Path, text: str, edits: Iterable[Edit]) -> tuple[str, list[str
     """``text`` with ``edits`` taken out again; notes on those no longer there."""
     lines = text.splitlines(keepends=True)
     notes: list[str] = []
+    edits = list(edits)
     for edit in edits:
         if edit.action == "added":
             wanted = f"{edit.key}={edit.value}"
@@ -356,7 +376,10 @@ def unmerge(path: Path, text: str, edits: Iterable[Edit]) -> tuple[str, list[str
             kept = [i for i in _items(place.value) if i.lower() != edit.value.lower()]
             lines[place.line - 1] = _replace_value(lines[place.line - 1], edit.key,
                                                    ",".join(kept))
-    return _drop_empty_block("".join(lines)), notes
+    out = _drop_empty_block("".join(lines))
+    if any(e.action == "final-newline" for e in edits) and out.endswith("\n"):
+        out = out[:-1]  # the file ended without one before jobwrap's block
+    return out, notes
 
 
 def _drop_empty_block(text: str) -> str:

@@ -498,7 +498,10 @@ class CliBackend:
         wanted = info.get("NumNodes", "").split("-")[0]
         if not partition or "," in partition or not wanted.isdigit():
             return None
-        out = self._scontrol("-o", "show", "partition", partition)
+        try:
+            out = self._scontrol("-o", "show", "partition", partition)
+        except SlurmError:  # not knowing the room is no reason to leave the job unmoved
+            return None
         total = next((w.split("=", 1)[1] for w in out.split() if w.startswith("TotalNodes=")),
                      "")
         return int(total) - int(wanted) if total.isdigit() else None

@@ -212,8 +212,11 @@ def test_a_record_from_a_newer_jobwrap_is_not_guessed_at(tree: Path) -> None:
 
 
 def test_a_slurm_conf_reached_through_a_link_is_edited_where_it_lives(tree: Path) -> None:
-    real = tree / "etc" / "slurm" / "slurm.conf"
-    link = tree / "slurm.conf"
+    managed = tree / "managed"
+    managed.mkdir()
+    real = managed / "slurm.conf"
+    (tree / "etc" / "slurm" / "slurm.conf").rename(real)
+    link = tree / "etc" / "slurm" / "slurm.conf"
     link.symlink_to(real)
     res = CliRunner().invoke(cli, ["--config", str(tree / "etc/jobwrap/config.toml"), "install",
                                    "--role", "compute", "--prefix", str(tree / "opt"),
@@ -221,6 +224,10 @@ def test_a_slurm_conf_reached_through_a_link_is_edited_where_it_lives(tree: Path
                                    str(tree / "units"), "--host", "box", "--no-doctor"])
     assert res.exit_code == 0, res.output
     assert link.is_symlink() and "Prolog=" in real.read_text()
+    # where slurmctld looks for it: beside the slurm.conf it is given, not the link's target
+    assert (link.parent / "job_submit.lua").exists() and not (managed / "job_submit.lua"
+                                                              ).exists()
+    assert f"SLURM_CONF={link}\n" in (tree / "opt" / "jobwrap.env").read_text()
     installer.uninstall(tree / "opt")
     assert link.is_symlink() and real.read_text() == SLURM_CONF
 
@@ -244,3 +251,60 @@ def test_a_sites_folder_of_prologs_gets_jobwraps_and_doctor_follows_it(tree: Pat
                                                       "`jobwrap prolog`")
     installer.uninstall(tree / "opt")
     assert not shim.exists() and (folder / "10-site").exists()
+
+
+def test_uninstall_after_a_second_install_keeps_what_the_site_changed_between(
+        tree: Path) -> None:
+    conf = tree / "etc" / "slurm" / "slurm.conf"
+    installer.apply(_plan(tree))
+    edited = conf.read_text().replace("PartitionName=debug", "NodeName=n9 CPUs=1\n"
+                                      "PartitionName=debug").replace("JobRequeue=1\n", "")
+    conf.write_text(edited)
+    installer.apply(_plan(tree))  # an upgrade: JobRequeue=1 is added again, in the block
+    text = conf.read_text()
+    assert text.count("# jobwrap: added by") == 1 and "JobRequeue=1\n" in text
+    installer.uninstall(tree / "opt")
+    assert conf.read_text() == SLURM_CONF.replace("PartitionName=debug",
+                                                  "NodeName=n9 CPUs=1\nPartitionName=debug")
+
+
+def test_a_failure_part_way_leaves_a_record_uninstall_takes_out(
+        tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk when slurm.conf is written (the hooks are in by then): one message, and
+    the uninstall takes out all that was done."""
+    before = _snapshot(tree)
+    conf = tree / "etc" / "slurm" / "slurm.conf"
+    real_write = installer.atomic_write
+
+    def full_disk(path: object, data: bytes, **kwargs: object) -> None:
+        if Path(str(path)) == conf:
+            raise OSError(28, "No space left on device", str(path))
+        real_write(path, data, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(installer, "atomic_write", full_disk)
+    with pytest.raises(installer.InstallError, match=r"No space left on device; what was "
+                       r"done so far is in .*install\.json, and `jobwrap uninstall` takes"):
+        installer.apply(_plan(tree))
+    assert (tree / "opt" / "prolog" / "prolog").exists() and conf.read_text() == SLURM_CONF
+    monkeypatch.undo()
+    undone = installer.uninstall(tree / "opt", purge=True)
+    assert any("the archive, kept" in k for k in undone.kept)
+    assert {k: v for k, v in _snapshot(tree).items() if not k.startswith("archive")} == before
+
+
+def test_the_sites_owner_of_slurm_conf_stays(tree: Path) -> None:
+    conf = tree / "etc" / "slurm" / "slurm.conf"
+    os.chown(conf, 65534, 65534)
+    os.chmod(conf, 0o640)
+    installer.apply(_plan(tree))
+    info = conf.stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (65534, 65534, 0o640)
+    installer.uninstall(tree / "opt")
+    assert (conf.stat().st_uid, conf.read_text()) == (65534, SLURM_CONF)
+
+
+def test_a_folder_of_prologs_that_does_not_exist_stops_before_anything(tree: Path) -> None:
+    conf = tree / "etc" / "slurm" / "slurm.conf"
+    conf.write_text(SLURM_CONF + f"Prolog={tree}/nowhere/*\n")
+    with pytest.raises(installer.InstallError, match="which does not exist: make it"):
+        _plan(tree)

@@ -185,3 +185,23 @@ def test_the_nodes_of_a_host_and_the_controller_are_read(tmp_path: Path) -> None
 def test_an_edit_round_trips_through_the_record() -> None:
     edit = Edit("PrologFlags", "extended", "Alloc")
     assert Edit(**edit.as_dict()) == edit
+
+
+def test_slurms_own_separators_are_read_and_an_operator_line_is_refused(tmp_path: Path
+                                                                        ) -> None:
+    path = _conf(tmp_path, "PrologFlags = Contain\nSchedulerParameters = bf_continue  # x\n")
+    merged = merge(path, wants(PREFIX))
+    assert "PrologFlags = Contain\n" in merged.text  # Contain gives Alloc: untouched
+    assert "SchedulerParameters = bf_continue,nohold_on_prolog_fail  # x\n" in merged.text
+    assert unmerge(path, merged.text, merged.edits) == (path.read_text(), [])
+    path = _conf(tmp_path, "SchedulerParameters=a\nSchedulerParameters+=b\n")
+    with pytest.raises(SlurmConfError, match=r"SchedulerParameters\+=b .*does not merge"):
+        merge(path, wants(PREFIX))
+
+
+def test_a_file_without_a_last_newline_comes_back_as_it_was(tmp_path: Path) -> None:
+    path = _conf(tmp_path, "ClusterName=a\nSchedulerParameters=x")
+    merged = merge(path, wants(PREFIX))
+    assert merged.text.startswith("ClusterName=a\nSchedulerParameters=x,nohold_on_prolog_fail"
+                                  "\n\n# jobwrap")
+    assert unmerge(path, merged.text, merged.edits) == (path.read_text(), [])
