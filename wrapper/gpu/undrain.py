@@ -16,6 +16,7 @@ from wrapper.slurm.commands import DRAIN_PREFIX, SLOW_DRAIN_PREFIX
 _DRAIN_FLAGS = {"DRAIN", "DRAINED", "DRAINING"}
 _HANDS_OFF = {"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
               "POWER_DOWN", "POWERED_DOWN", "POWERING_DOWN", "NOT_RESPONDING"}
+OUT_OF_SERVICE = _DRAIN_FLAGS | _HANDS_OFF  # a node no job is given (archive/slow.py)
 
 
 @dataclass(frozen=True)

@@ -80,3 +80,19 @@ def test_off_by_default_and_a_node_out_of_service_is_left(shared: Path, root: Pa
 def test_a_config_letting_one_user_drain_is_refused(shared: Path) -> None:
     with pytest.raises(ConfigError, match="slow_drain_users = 1: one user's jobs would drain"):
         _cfg(shared, 1)
+
+
+def test_a_node_an_admin_resumed_needs_new_evidence(shared: Path, root: Path) -> None:
+    from tests.support.archive import NOW
+
+    for n, user in enumerate(("ann", "ben")):
+        write_job(root, user, str(n + 1), age_s=3 * DAY, nodes=("n3",), slow={"n3": 0.7})
+    slurm = FakeSlurm(nodes={"n3": {"State": "IDLE"}})
+    cfg = _cfg(shared, 2)
+    assert drain_named(cfg, _index(root), slurm, NOW - 2 * DAY, print) == ["n3"]
+    slurm.nodes["n3"]["State"] = "IDLE"  # an admin looked, and resumed it
+    assert drain_named(cfg, _index(root), slurm, time.time(), print) == []  # the old evidence
+    write_job(root, "carl", "3", nodes=("n3",), slow={"n3": 0.6})
+    assert drain_named(cfg, _index(root), slurm, time.time(), print) == []  # one user's new
+    write_job(root, "dan", "4", nodes=("n3",), slow={"n3": 0.6})
+    assert drain_named(cfg, _index(root), slurm, time.time(), print) == ["n3"]
