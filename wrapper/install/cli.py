@@ -69,7 +69,8 @@ def install(roles: tuple[str, ...], prefix: str, slurm_conf: str | None, systemd
     Run it again after an upgrade or a config change: it changes only what differs. A
     slurm.conf it cannot merge (another Prolog, a key set twice or in an Include) stops it
     with the reason, before anything is written. Exit status: 0 installed and the doctor
-    found no failure, 1 the doctor found one, 2 nothing was installed.
+    found no failure, 1 the doctor found one, 2 it stopped (before writing anything, or
+    part-way with what it did in its record, for `jobwrap uninstall`).
     """
     conf = _slurm_conf(slurm_conf)
     host = host or socket.gethostname().split(".")[0]
