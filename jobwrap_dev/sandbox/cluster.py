@@ -555,7 +555,7 @@ epilog_budget = 100
         args = ["--role", "compute", "--role", "controller", "--slurm-conf", str(self.conf),
                 "--systemd-dir", str(self.base / "etc" / "systemd"), "--no-doctor",
                 "--host", socket.gethostname().split(".")[0]] if verb == "install" else []
-        done = Runner({**os.environ, "SLURM_CONF": str(self.conf)}).run(
+        done = Runner(self.env()).run(
             [str(self.runtime / "venv" / "bin" / "jobwrap"), "--config",
              str(self.jobwrap_config), verb, "--prefix", str(self.runtime), *args],
             timeout=120, check=False)

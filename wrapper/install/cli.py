@@ -140,6 +140,7 @@ def uninstall(prefix: str, purge: bool, dry_run: bool) -> None:
         raise installer.InstallError("run it as root (it restores root's files); --dry-run "
                                      "shows what it would do")
     record = installer.read_record(Path(prefix))
+    sinfo = _sinfo()  # the site's Slurm, read before its config may go
     undone = installer.uninstall(Path(prefix), purge=purge, dry_run=dry_run, run=_run)
     for line in undone.done:
         click.echo(f"  {line}")
@@ -148,11 +149,22 @@ def uninstall(prefix: str, purge: bool, dry_run: bool) -> None:
     conf = (record or {}).get("slurm_conf") or ""
     if conf and not dry_run:
         click.echo(f"next: {conf} changed: `scontrol reconfigure` once every node has it")
-    for line in _left_behind(conf, (record or {}).get("program", "")):
+    for line in _left_behind(conf, (record or {}).get("program", ""), sinfo):
         click.echo(line)
 
 
-def _left_behind(conf: str, program: str) -> list[str]:
+def _sinfo() -> str:
+    """The config's sinfo (a site's Slurm may not be the one on PATH)."""
+    from wrapper import config
+    from wrapper.errors import ConfigError
+
+    try:
+        return config.load(str(_config_path())).slurm.sinfo_command
+    except ConfigError:
+        return "sinfo"
+
+
+def _left_behind(conf: str, program: str, sinfo: str) -> list[str]:
     """The nodes drained with a jobwrap: reason, and jobwrap's processes still running."""
     import psutil
 
@@ -161,7 +173,7 @@ def _left_behind(conf: str, program: str) -> list[str]:
     out: list[str] = []
     env = {**os.environ, **({"SLURM_CONF": conf} if conf else {})}
     try:
-        res = Runner(env).run(["sinfo", "-h", "-N", "-R", "-o", "%N|%E"], timeout=30,
+        res = Runner(env).run([sinfo, "-h", "-N", "-R", "-o", "%N|%E"], timeout=30,
                               check=False)
         drained = sorted({line.split("|", 1)[0] for line in res.stdout.splitlines()
                           if "|jobwrap:" in line})
