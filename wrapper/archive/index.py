@@ -41,12 +41,11 @@ The seam: ``Index`` is what the commands use; ``[archive] index_backend`` picks
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import stat
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from wrapper.archive._fs import (
@@ -108,7 +107,6 @@ ON CONFLICT (user, job_id) DO UPDATE SET updated_at = excluded.updated_at,
   failures = excluded.failures, ledger = excluded.ledger, parsed = excluded.parsed
 WHERE excluded.updated_at >= jobs.updated_at
 """
-_EVER = -1e18  # "since" when none is given: every row, the same statement
 _LIST = {False: "SELECT user, job_id, updated_at, size, complete, name, attempts FROM jobs "
                 "WHERE updated_at >= ? ORDER BY updated_at, job_id",
          True: "SELECT user, job_id, updated_at, size, complete, name, attempts FROM jobs "
@@ -163,17 +161,9 @@ class SqliteIndex(_Spooled):
             raise FormatTooNew(self.path, "archive index", version, SCHEMA)
         return version
 
-    def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]:
-        return list(self.stream(since=since, user=user))
-
-    def stream(self, *, since: float | None = None,
-               user: str | None = None) -> Generator[ArchiveInfo, None, None]:
-        """The jobs, oldest first, read as they are used (``close()`` it when stopping
-        early)."""
-        for u, j, t, s, c, n, a in self._rows(_LIST[user is not None], _args(since, user)):
-            yield ArchiveInfo(user=u, job_id=j, path=os.path.join(self.root, u, j),
-                              updated_at=t, size=s, complete=bool(c), name=n,
-                              attempts=json.loads(a))
+    def _select(self, what: str, since: float, user: str | None) -> Iterator[Any]:
+        sql = {"list": _LIST, "ledgers": _LEDGERS}[what][user is not None]
+        return self._rows(sql, (since,) if user is None else (since, user))
 
     def total_size(self) -> int:
         return int(self._query("SELECT total(size) FROM jobs", ())[0][0])
@@ -182,11 +172,6 @@ class SqliteIndex(_Spooled):
         """The users whose archive holds a job of this id (a reused id: more than one)."""
         return [u for (u,) in self._query("SELECT user FROM jobs WHERE job_id = ? "
                                           "ORDER BY updated_at DESC", (job_id,))]
-
-    def ledgers(self, *, since: float | None,
-                user: str | None) -> Iterator[tuple[str, str, dict[str, Any] | None]]:
-        for job_id, name, ledger in self._rows(_LEDGERS[user is not None], _args(since, user)):
-            yield job_id, name, None if ledger is None else json.loads(ledger)
 
     def mtbf(self, since: float) -> float | None:
         """Attempt run time per failure over the jobs updated since ``since``: what
@@ -285,11 +270,6 @@ def _fold(con: sqlite3.Connection, spool_fd: int, root: str) -> int:
         raise IndexFault(f"the index cannot take the spool ({exc})") from None
     unspool(spool_fd, names, newer)
     return len(rows)
-
-
-def _args(since: float | None, user: str | None) -> tuple[Any, ...]:
-    start = _EVER if since is None else since
-    return (start,) if user is None else (start, user)
 
 
 def _connect(path: str, *, create: bool) -> sqlite3.Connection:

@@ -33,6 +33,7 @@ LOCK = "indexer.lock"
 SUMMARY = "summary.json"
 MTBF_WINDOW_S = 30 * 86400.0
 LOCK_WAIT_S = 10.0  # how long a reader waits for another indexer before it reads as is
+EVER = -1e18  # "since" when none is given: every row, the same statement
 
 
 class IndexFault(ArchiveError):
@@ -98,6 +99,31 @@ class _Spooled:
 
     def mtbf(self, since: float) -> float | None:
         raise NotImplementedError
+
+    def _select(self, what: str, since: float, user: str | None) -> Iterator[Any]:
+        """The rows of ``what`` ("list": user, job id, updated_at, size, complete, name,
+        attempts; "ledgers": job id, user, ledger) updated since ``since``, oldest first,
+        of ``user``'s jobs (None: everyone's), as the database sends them."""
+        raise NotImplementedError
+
+    def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]:
+        return list(self.stream(since=since, user=user))
+
+    def stream(self, *, since: float | None = None,
+               user: str | None = None) -> Generator[ArchiveInfo, None, None]:
+        """The jobs, oldest first, read as they are used (``close()`` it when stopping
+        early)."""
+        for u, j, t, s, c, n, a in self._select("list", EVER if since is None else since,
+                                                user):
+            yield ArchiveInfo(user=u, job_id=j, path=os.path.join(self.root, u, j),
+                              updated_at=float(t), size=int(s), complete=bool(c), name=n,
+                              attempts=json.loads(a))
+
+    def ledgers(self, *, since: float | None,
+                user: str | None) -> Iterator[tuple[str, str, dict[str, Any] | None]]:
+        for job_id, name, ledger in self._select("ledgers",
+                                                 EVER if since is None else since, user):
+            yield job_id, name, None if ledger is None else json.loads(ledger)
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[tuple[int, int]]:

@@ -29,10 +29,9 @@ cluster's rows again from them.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from wrapper.archive.index_base import (
@@ -88,7 +87,6 @@ ON DUPLICATE KEY UPDATE
   parsed = IF(VALUES(updated_at) >= updated_at, VALUES(parsed), parsed),
   updated_at = IF(VALUES(updated_at) >= updated_at, VALUES(updated_at), updated_at)
 """
-_EVER = -1e18
 _LIST = "SELECT user, job_id, updated_at, size, complete, name, attempts FROM jobwrap_jobs " \
         "WHERE cluster = %s AND updated_at >= %s{user} ORDER BY updated_at, job_id"
 _LEDGERS = "SELECT job_id, user, ledger FROM jobwrap_jobs WHERE cluster = %s AND " \
@@ -228,27 +226,13 @@ class MariaDbIndex(_Spooled):
                                  f"{self.connection}")
         self._layout_ok = True
 
-    def jobs(self, *, since: float | None = None, user: str | None = None) -> list[ArchiveInfo]:
-        return list(self.stream(since=since, user=user))
-
-    def stream(self, *, since: float | None = None,
-               user: str | None = None) -> Generator[ArchiveInfo, None, None]:
-        for u, j, t, s, c, n, a in self._rows(_LIST, since, user):
-            yield ArchiveInfo(user=u, job_id=j, path=os.path.join(self.root, u, j),
-                              updated_at=float(t), size=int(s), complete=bool(c), name=n,
-                              attempts=json.loads(a))
-
-    def ledgers(self, *, since: float | None,
-                user: str | None) -> Iterator[tuple[str, str, dict[str, Any] | None]]:
-        for job_id, name, ledger in self._rows(_LEDGERS, since, user):
-            yield job_id, name, None if ledger is None else json.loads(ledger)
-
-    def _rows(self, sql: str, since: float | None, user: str | None) -> Iterator[Any]:
-        """A query's rows as the server sends them (an unbuffered cursor on a connection
-        of its own, so the caller may ask other things meanwhile): memory does not grow
-        with the archive."""
+    def _select(self, what: str, since: float, user: str | None) -> Iterator[Any]:
+        """The rows as the server sends them (an unbuffered cursor on a connection of its
+        own, so the caller may ask other things meanwhile): memory does not grow with the
+        archive."""
         pymysql = _driver()
-        args: tuple[Any, ...] = (self.cluster, _EVER if since is None else since)
+        sql = {"list": _LIST, "ledgers": _LEDGERS}[what]
+        args: tuple[Any, ...] = (self.cluster, since)
         if user is not None:
             args += (user,)
         con = self._connect()
