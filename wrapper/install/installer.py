@@ -114,8 +114,10 @@ def _check_plain(name: str, path: Path) -> None:
 
 
 def _check_ancestors(path: Path) -> None:
-    """Root's files under a folder another user can change are not root's."""
-    for parent in [path, *path.parents]:
+    """Root's files under a folder another user can change are not root's: each folder
+    on the way, and on the way a link leads to."""
+    real = Path(os.path.realpath(path))
+    for parent in dict.fromkeys([path, *path.parents, real, *real.parents]):
         try:
             info = parent.stat()
         except FileNotFoundError:
@@ -362,6 +364,7 @@ def apply(plan_: Plan, *, run: Callable[[list[str]], None] | None = None) -> lis
             else:
                 entry["after"] = _sha(f.text)  # what was there before jobwrap stays
             keep()
+            _check_ancestors(f.path.parent)  # as at the plan: nobody swapped a folder since
             uid, gid = _owner(f.path)
             atomic_write(f.path, f.text.encode(), mode=f.mode, uid=uid, gid=gid)
             done.append(f"wrote {f.path} ({f.what})")

@@ -308,3 +308,16 @@ def test_a_folder_of_prologs_that_does_not_exist_stops_before_anything(tree: Pat
     conf.write_text(SLURM_CONF + f"Prolog={tree}/nowhere/*\n")
     with pytest.raises(installer.InstallError, match="which does not exist: make it"):
         _plan(tree)
+
+
+def test_a_link_into_a_folder_users_can_write_is_no_place_either(tree: Path) -> None:
+    """The link's target is root's, but the folder it sits in is anyone's: a user renames
+    it away and puts their own there."""
+    shared = tree / "shared"
+    (shared / "inner").mkdir(parents=True)
+    os.chmod(shared, 0o777)  # noqa: S103 - the attack
+    (tree / "opt-link").symlink_to(shared / "inner")
+    with pytest.raises(installer.InstallError, match=f"{shared} can be changed by users"):
+        installer.plan(roles=["compute"], prefix=tree / "opt-link" / "jw", config_path=tree /
+                       "etc" / "jobwrap" / "config.toml", slurm_conf=None,
+                       systemd_dir=tree / "u", program=Path("/usr/bin/jobwrap"), host="box")
