@@ -831,9 +831,10 @@ def _check_pulse(pulse: PulseConfig, problems: list[str]) -> None:
     except ValueError as exc:
         problems.append(f"[pulse] ports = {_show(pulse.ports)}: {exc}")
     if pulse.hang_floor < 3 * pulse.sample_interval:
-        problems.append(f"[pulse] hang_floor = {pulse.hang_floor:g}: expected at least 3 x "
-                        f"sample_interval ({3 * pulse.sample_interval:g}): a hang is "
-                        "judged on several samples, never one or two")
+        problems.append(f"[pulse] hang_floor = {pulse.hang_floor:g} with [pulse] "
+                        f"sample_interval = {pulse.sample_interval:g}: expected hang_floor at "
+                        f"least 3 x sample_interval ({3 * pulse.sample_interval:g}): a hang "
+                        "is judged on several samples, never one or two")
     if pulse.slow_below >= 1.0:
         problems.append(f"[pulse] slow_below = {pulse.slow_below:g}: expected under 1 (a "
                         "score of 1.0 is as fast as the job's typical rank; 0.85 names a "
@@ -843,13 +844,14 @@ def _check_pulse(pulse: PulseConfig, problems: list[str]) -> None:
                         "they run on (the score is their own processes' state); expected 0 "
                         "(never drain) or 2 or more different users")
     if pulse.slow_window < 5 * pulse.sample_interval:
-        problems.append(f"[pulse] slow_window = {pulse.slow_window:g}: expected at least 5 "
-                        f"x sample_interval ({5 * pulse.sample_interval:g}): a speed is "
-                        "judged over several samples")
+        problems.append(f"[pulse] slow_window = {pulse.slow_window:g} with [pulse] "
+                        f"sample_interval = {pulse.sample_interval:g}: expected slow_window "
+                        f"at least 5 x sample_interval ({5 * pulse.sample_interval:g}): a "
+                        "speed is judged over several samples")
     if pulse.lost_after < 3 * pulse.interval:
-        problems.append(f"[pulse] lost_after = {pulse.lost_after:g}: expected at least 3 x "
-                        f"interval ({3 * pulse.interval:g}): a node missing two beats is "
-                        "not lost")
+        problems.append(f"[pulse] lost_after = {pulse.lost_after:g} with [pulse] interval = "
+                        f"{pulse.interval:g}: expected lost_after at least 3 x interval "
+                        f"({3 * pulse.interval:g}): a node missing two beats is not lost")
 
 
 def _check_value(spec: Opt, value: Any) -> str | None:
