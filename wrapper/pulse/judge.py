@@ -171,7 +171,8 @@ class SlowJudge:
     meet at every step (DDP), the slow rank works all the time and the others wait for it,
     idle: its demand is the highest. A rank's *score* is the median rank's demand over its
     own, at most 1.0 (1.0 = as fast as the job's typical rank; 0.7 = it needs 1/0.7 of
-    their time); a node's, the lowest of its ranks'. A node scored under ``below`` in every
+    their time; with an even count of ranks the lower median); a node's, the lowest of its
+    ranks'. A node scored under ``below`` in every
     round for ``hold`` seconds is named, once per attempt. Nothing is judged while the
     hang judge holds the job stuck, in a job on one node, whose typical rank is idle (a
     job waiting on its data), or while a node scored before has no rank scored (the job
@@ -229,7 +230,10 @@ class SlowJudge:
         if stuck or len(scored) < 2 or not set(self.scores) <= scored:
             self.low_since.clear()
             return []
-        typical = statistics.median(demand.values())
+        # the lower middle: with an even count the typical rank is a real one, the faster
+        # of the two; so in a 2-rank job one rank evaluating while the other waits idle is
+        # a typical rank idle (not judged), not a node half as fast
+        typical = statistics.median_low(demand.values())
         if typical < MIN_TYPICAL:
             self.low_since.clear()
             return []

@@ -139,3 +139,16 @@ def test_every_window_the_config_allows_scores(window: float) -> None:
     judge = SlowJudge(window=window, hold=0.0)
     got = named(judge, rounds({"n1": 0.7, "n2": 0.7, "n3": 1.0}, window * 3))
     assert [n for _, n in got] == ["n3"], (window, judge.scores)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_one_rank_evaluating_while_the_other_node_waits_names_nothing(ranks: int) -> None:
+    """Rank 0 evaluates for 5 minutes while the other node's ranks wait, idle: no node is
+    slow (CI once saw a 2-node job's first node named at 0.5 for its pauses). A straggler
+    on two nodes is still named."""
+    judge = SlowJudge()
+    evaluating = [1.0] + [0.02] * (ranks - 1)
+    assert named(judge, rounds({"n1": evaluating, "n2": [0.02] * ranks}, 300)) == []
+    judge = SlowJudge()
+    got = named(judge, rounds({"n1": [0.7] * ranks, "n2": [1.0] * ranks}, 180))
+    assert [n for _, n in got] == ["n2"], got
